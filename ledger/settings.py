@@ -1,0 +1,68 @@
+"""One typed Settings object, built once at start from the environment and flags.
+
+Nothing in regen reads ``os.environ`` at import time: commands build a Settings,
+then pass it down. S3 is configured through boto3's own environment
+(``AWS_ENDPOINT_URL``, credentials, region), so it has no field here beyond the
+retry budget.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from .errors import ConfigError
+
+#: Used when neither a flag nor the environment names a database: the local
+#: trust-auth Postgres of a development machine.
+DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/regen"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Turn the standard ``postgresql://user@host:port/db`` form into a SQLAlchemy URL.
+
+    regen uses psycopg 3 (binary wheels, COPY for bulk inserts). Users write the
+    libpq form they already use with psql; the driver is our choice, not theirs.
+    """
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    if url.startswith("postgresql+"):
+        raise ConfigError(f"DATABASE_URL names a driver regen does not use ({url.split('://')[0]}); "
+                          "write it as postgresql://user@host:port/db")
+    raise ConfigError("DATABASE_URL must look like postgresql://user@host:port/db "
+                      f"(got something starting with {url[:12]!r})")
+
+
+def redact(url: str) -> str:
+    """A URL fit for logs: the password, if any, replaced by ***."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    if ":" in creds:
+        creds = creds.split(":", 1)[0] + ":***"
+    return f"{scheme}://{creds}@{host}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    #: Attempts for one S3 call on transient errors (5xx, throttling, timeouts).
+    s3_max_attempts: int = 8
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Environment first, then the non-None overrides (command-line flags)."""
+        settings = cls(
+            database_url=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL),
+            redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(settings, **given) if given else settings
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return sqlalchemy_url(self.database_url)
