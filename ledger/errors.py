@@ -44,3 +44,18 @@ class ObjectExists(StoreError):
 
 class UnsafeKey(RegenError):
     """A key built from user data would escape its prefix."""
+
+
+class ChecksumMismatch(StoreError):
+    """The store holds (or reported) bytes whose SHA-256 differs from what was written or expected.
+
+    Never transient: a stored object that fails verification stays wrong however often it is
+    read, and an operator has to look at it.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message, transient=False, code="ChecksumMismatch")
+
+
+class ShardError(RegenError):
+    """A shard cannot be encoded or decoded (corrupt or truncated zstd frame, a line that is not a JSON object)."""

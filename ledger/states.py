@@ -14,17 +14,21 @@ Runs::
 Batches::
 
     planned ──► queued ──► running ──► done
-                  ▲           │  │
-                  │           │  └────► failed ──► queued   (attempts < max: requeue)
-                  │           │            │
-                  └───────────┘            └────► dead      (attempts exhausted; `regen retry` ──► queued)
-              (preempted, lease expired,
-               handed back by a paused run)
+                  ▲  ▲        │   │
+                  │  └────────┘   └──► dead    (failures reached the run's limit)
+                  │ preempted, lease     │
+                  │ expired, handed back │
+                  │ by a paused run, or  │
+                  │ failed (failures <   │
+                  │ limit: error kept)   │
+                  └──────────────────────┘ `regen retry --dead`
 
 ``planned``: rows and input shard written, not yet on the broker (a submit that
 crashed here is finished by running it again). ``queued``: a message was
 published. ``running``: an attempt holds it; ``batches.attempts`` is the fencing
-token and ``heartbeat_at`` its lease.
+token (every claim increments it) and ``heartbeat_at`` its lease. ``failures``
+counts attempts that failed (an error, or a lease that expired with its worker
+gone); preemptions do not count, so a batch on preemptible nodes never dies of them.
 
 Samples::
 
@@ -51,7 +55,6 @@ class BatchStatus(str, Enum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
-    FAILED = "failed"
     DEAD = "dead"
 
 
@@ -70,10 +73,8 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
     BatchStatus.PLANNED: frozenset({BatchStatus.QUEUED}),
     BatchStatus.QUEUED: frozenset({BatchStatus.RUNNING, BatchStatus.QUEUED}),
-    BatchStatus.RUNNING: frozenset(
-        {BatchStatus.DONE, BatchStatus.FAILED, BatchStatus.QUEUED, BatchStatus.DEAD, BatchStatus.RUNNING}
-    ),
-    BatchStatus.FAILED: frozenset({BatchStatus.QUEUED, BatchStatus.DEAD}),
+    # running -> running: a new attempt takes over a batch whose lease expired.
+    BatchStatus.RUNNING: frozenset({BatchStatus.DONE, BatchStatus.QUEUED, BatchStatus.DEAD, BatchStatus.RUNNING}),
     BatchStatus.DEAD: frozenset({BatchStatus.QUEUED}),
     BatchStatus.DONE: frozenset(),
 }

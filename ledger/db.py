@@ -1,0 +1,60 @@
+"""Engine and session factory, plus a retry wrapper for ledger writes.
+
+Workers must survive a Postgres restart mid-run: a batch that was uploaded is
+recorded once Postgres is back, never generated again. ``retry_db`` retries
+operational errors (connection refused/reset, admin shutdown) with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def make_engine(settings: Settings, **kwargs) -> Engine:
+    # pool_pre_ping: a worker idles for an hour between ledger writes; connections
+    # may have been cut by a Postgres restart or a proxy in between.
+    return create_engine(settings.sqlalchemy_url, pool_pre_ping=True, future=True, **kwargs)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retry_db(fn: Callable[[], T], *, what: str, max_wait_s: float = 600.0, base_delay_s: float = 0.5) -> T:
+    """Run ``fn`` until it succeeds or ``max_wait_s`` of transient failures have passed.
+
+    ``fn`` must be a whole transaction (open a session, do the work, commit), so a
+    retry never replays half of one.
+    """
+    deadline = time.monotonic() + max_wait_s
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - filtered just below
+            if not _is_transient(exc) or time.monotonic() >= deadline:
+                raise
+            attempt += 1
+            delay = min(30.0, base_delay_s * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+            log.warning("ledger write %s failed (%s); retry %d in %.1fs", what, type(exc).__name__, attempt, delay)
+            time.sleep(delay)

@@ -1,0 +1,141 @@
+"""The ledger's tables (SQLAlchemy 2). The schema is a user interface: see docs/ledger.md.
+
+People query these tables with psql during a run, so columns are plain types with
+explicit names, statuses are text (readable in SQL, checked by constraints), and
+every time is ``timestamptz``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from .states import BatchStatus, RunStatus, SampleStatus
+
+
+def _in(column: str, enum) -> str:
+    values = ", ".join(f"'{member.value}'" for member in enum)
+    return f"{column} IN ({values})"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    model: Mapped[str] = mapped_column(Text)
+    #: Effective sampling (after generation_config defaults), thinking mode, limits.
+    sampling: Mapped[dict] = mapped_column(JSONB)
+    #: sha256 over model + sampling + everything that changes the outputs; a resubmit must match it.
+    config_hash: Mapped[str] = mapped_column(String(64))
+    output_url: Mapped[str] = mapped_column(Text)
+    queue: Mapped[str] = mapped_column(String(200))
+    batch_size: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.ACTIVE.value)
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    provenance: Mapped[dict | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (CheckConstraint(_in("status", RunStatus), name="runs_status_check"),)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=BatchStatus.PLANNED.value)
+    #: Incremented by every claim: the fencing token. Only the holder of the current
+    #: attempt may commit the batch.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: Failed attempts (errors, expired leases); the batch is dead at the limit.
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    input_key: Mapped[str] = mapped_column(Text)
+    output_key: Mapped[str | None] = mapped_column(Text)
+    output_sha256: Mapped[str | None] = mapped_column(String(64))
+    n_samples: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "seq", name="batches_run_seq_key"),
+        CheckConstraint(_in("status", BatchStatus), name="batches_status_check"),
+        Index("batches_run_status_idx", "run_id", "status"),
+    )
+
+
+class Sample(Base):
+    """The completion ledger: one row per distinct input conversation."""
+
+    __tablename__ = "samples"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    sample_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    source_file: Mapped[str] = mapped_column(Text)
+    source_row: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default=SampleStatus.PENDING.value)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    turns: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    reasoning_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    answer_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    tool_calls: Mapped[int | None] = mapped_column(Integer)
+    output_key: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    __table_args__ = (
+        CheckConstraint(_in("status", SampleStatus), name="samples_status_check"),
+        Index("samples_batch_idx", "batch_id"),
+        Index("samples_run_status_idx", "run_id", "status"),
+    )
+
+
+class RejectedRow(Base):
+    """Input rows that never became samples, with the reason (malformed, duplicate id, ...)."""
+
+    __tablename__ = "rejected_rows"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    source_file: Mapped[str] = mapped_column(Text)
+    source_row: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        # A resubmit of the same files records each bad row once.
+        UniqueConstraint("run_id", "source_file", "source_row", name="rejected_rows_source_key"),
+        Index("rejected_rows_run_reason_idx", "run_id", "reason"),
+    )

@@ -1,0 +1,190 @@
+"""The ``regen`` command. Each subcommand builds Settings, then calls plain functions.
+
+Heavy imports (vLLM, torch, transformers) happen only inside the subcommands that
+need them (``tiny-model``; ``worker`` starts them in child processes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from ledger.errors import RegenError
+from ledger.settings import Settings, redact
+
+
+def _settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
+    return Settings.from_env(database_url=database_url, redis_url=redis_url)
+
+
+db_option = click.option("--database-url", envvar="DATABASE_URL", default=None,
+                         help="postgresql://user@host:port/db (env DATABASE_URL)")
+redis_option = click.option("--redis-url", envvar="REDIS_URL", default=None,
+                            help="redis://host:port/db, the Celery broker (env REDIS_URL)")
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except RegenError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option("-v", "--verbose", is_flag=True)
+def main(verbose: bool) -> None:
+    """regen: regenerate a dataset's completions with one target model, on a fault-tolerant farm."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.group()
+def db() -> None:
+    """The Postgres ledger's schema."""
+
+
+@db.command("upgrade")
+@db_option
+@click.option("--revision", default="head")
+def db_upgrade(database_url: str | None, revision: str) -> None:
+    """Apply the Alembic migrations (idempotent)."""
+    from ledger import migrate
+
+    settings = _settings(database_url)
+    migrate.upgrade(settings, revision)
+    click.echo(f"ledger at revision {migrate.current(settings)} on {redact(settings.database_url)}")
+
+
+@db.command("current")
+@db_option
+def db_current(database_url: str | None) -> None:
+    from ledger import migrate
+
+    click.echo(migrate.current(_settings(database_url)) or "empty")
+
+
+@main.command("tiny-model")
+@click.argument("out_dir")
+@click.option("--variant", type=click.Choice(["random", "trained", "stub"]), default="trained", show_default=True,
+              help="random weights; trained to follow the chat format; or trained to answer with stubs")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
+def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
+    """Write a small offline Qwen3-architecture model (for the demo, tests and smoke tests)."""
+    from worker.tiny_model import build_tiny_model
+
+    path = build_tiny_model(out_dir, variant=variant, seed=seed, force=force)
+    click.echo(f"tiny model ({variant}) in {path}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--run", "run_name", required=True, help="run name: unique; a resubmit with it resumes")
+@click.option("--model", required=True, help="model directory (or hub id) the workers load")
+@click.option("--output", "output_url", required=True, help="s3://bucket/prefix for the run's shards")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--max-tokens", type=int, default=2048, show_default=True)
+@click.option("--temperature", type=float, default=None, help="default: the model's generation_config.json")
+@click.option("--top-p", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--seed", type=int, default=None, help="run seed; each generation's seed derives from it")
+@click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True)
+@click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
+              "generated without thinking (default 0.5)")
+@click.option("--queue", default="regen", show_default=True, help="broker queue the workers of this model consume")
+@click.option("--json", "as_json", is_flag=True)
+@db_option
+@redis_option
+def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperature, top_p, top_k, seed, thinking,
+           thinking_off_share, queue, as_json, database_url, redis_url) -> None:
+    """Register PATHS (JSONL/Parquet files or folders) as a run and enqueue its batches."""
+    from dataclasses import asdict
+
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.dispatch import make_celery
+    from ledger.objects import ObjectStore
+
+    from .run_config import build_run_config
+    from .submit import submit_run
+
+    settings = _settings(database_url, redis_url)
+    config = build_run_config(model, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                              seed=seed, thinking=thinking, thinking_off_share=thinking_off_share)
+    engine = make_engine(settings)
+    app = make_celery(settings)
+    try:
+        report = submit_run(make_sessionmaker(engine), app, ObjectStore(max_attempts=settings.s3_max_attempts),
+                            list(paths), run_name=run_name, config=config, output_url=output_url,
+                            batch_size=batch_size, queue=queue)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(asdict(report), indent=2))
+        return
+    click.echo(f"run {report.run} ({'created' if report.created else 'resumed'}): {report.rows_read:,} rows read, "
+               f"{report.samples_new:,} new samples in {report.batches_new:,} batches, "
+               f"{report.samples_known:,} already registered, {report.rejected:,} rejected, "
+               f"{report.duplicates:,} duplicates")
+    if report.batches_republished:
+        click.echo(f"published {report.batches_republished} batches left unpublished by an earlier submit")
+    for reason, n in sorted(report.reject_reasons.items()):
+        click.echo(f"  {reason}: {n}")
+
+
+@main.command()
+@click.option("--gpus", default="none", show_default=True, help="none (one CPU engine) | all | 0,1,2,3")
+@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size: GPUs per engine")
+@click.option("--concurrency", type=int, default=8, show_default=True, help="batches in flight per engine")
+@click.option("--queue", "queues", default="regen", show_default=True, help="queues to consume (comma-separated)")
+@click.option("--model", default=None, help="load this model at start (default: the first batch's model)")
+@click.option("--engine-arg", "engine_args", multiple=True, help="vLLM engine argument key=value (repeatable)")
+@click.option("--lease-s", type=float, default=90.0, show_default=True,
+              help="a running batch without heartbeat for this long may be taken over")
+@click.option("--max-attempts", type=int, default=3, show_default=True, help="failures before a batch is dead")
+@click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
+def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, dry_run) -> None:
+    """Start one worker process per GPU group on this node and supervise them."""
+    from worker.launcher import parse_gpus, plan_processes, run_launcher
+
+    plans = plan_processes(parse_gpus(gpus), tp=tp, queues=queues, concurrency=concurrency, model=model,
+                           engine_args=list(engine_args),
+                           extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts)])
+    if dry_run:
+        for p in plans:
+            click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
+                       + " ".join(p.argv[1:]))
+        return
+    sys.exit(run_launcher(plans))
+
+
+@main.command()
+@click.option("--run", "run_name", default=None, help="one run (default: all)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable, see docs/status.md")
+@db_option
+def status(run_name: str | None, as_json: bool, database_url: str | None) -> None:
+    """Samples by status, rejected rows and why, tokens, throughput, ETA."""
+    from ledger.db import make_engine, make_sessionmaker
+
+    from .status import render_status, run_status
+
+    engine = make_engine(_settings(database_url))
+    try:
+        with make_sessionmaker(engine)() as session:
+            runs = run_status(session, run_name)
+    finally:
+        engine.dispose()
+    if run_name and not runs:
+        raise click.ClickException(f"no run named {run_name!r}")
+    if as_json:
+        click.echo(json.dumps({"runs": runs}, indent=2, default=str))
+    else:
+        click.echo(render_status(runs))
+
+
+if __name__ == "__main__":
+    main()

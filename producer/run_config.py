@@ -1,0 +1,101 @@
+"""A run's configuration: model, effective sampling, thinking mode, and its hash.
+
+Sampling defaults come from the model's ``generation_config.json`` (as vLLM and
+transformers apply them) unless the run overrides them; the *effective* values are
+stored in the run, so every worker and every retry samples exactly the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ledger.errors import ConfigError
+from ledger.hashing import config_hash
+
+#: vLLM's own defaults when neither the run nor generation_config.json sets a value.
+ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+SAMPLING_KEYS = tuple(ENGINE_DEFAULTS)
+THINKING_MODES = ("on", "off", "mix")
+
+
+def resolve_model(model: str) -> str:
+    """A local model directory becomes an absolute path (workers run elsewhere); a hub id stays as it is."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    return model
+
+
+def generation_defaults(model: str) -> dict:
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not readable JSON: {e}") from e
+    return {k: data[k] for k in SAMPLING_KEYS if k in data and data[k] is not None}
+
+
+def model_fingerprint(model: str) -> dict:
+    """Hashes of the files that define the model's behaviour, when the model is a local directory."""
+    root = Path(model)
+    out: dict[str, str] = {}
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
+                 "chat_template.jinja", "model.safetensors.index.json"):
+        f = root / name
+        if f.is_file():
+            out[name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    if not (root / "model.safetensors.index.json").is_file() and (root / "model.safetensors").is_file():
+        # A single-file checkpoint has no index; its size and mtime stand in for a full hash of GBs.
+        st = (root / "model.safetensors").stat()
+        out["model.safetensors"] = f"size={st.st_size}"
+    return out
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str
+    max_tokens: int
+    sampling: dict
+    thinking: str = "on"
+    thinking_off_share: float = 0.0
+    seed: int = 0
+    model_files: dict = field(default_factory=dict)
+
+    def as_record(self) -> dict:
+        """What goes into ``runs.sampling`` (and the output rows)."""
+        return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
+                "thinking_off_share": self.thinking_off_share}
+
+    @property
+    def hash(self) -> str:
+        return config_hash({"model": self.model, "sampling": self.as_record(), "model_files": self.model_files})
+
+
+def build_run_config(model: str, *, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
+                     top_k: int | None = None, seed: int | None = None, thinking: str = "on",
+                     thinking_off_share: float | None = None) -> RunConfig:
+    if max_tokens <= 0:
+        raise ConfigError("--max-tokens must be positive")
+    if thinking not in THINKING_MODES:
+        raise ConfigError(f"--thinking must be one of {', '.join(THINKING_MODES)}")
+    if thinking == "mix":
+        share = 0.5 if thinking_off_share is None else thinking_off_share
+    else:
+        share = 1.0 if thinking == "off" else 0.0
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError("--thinking-off-share must be between 0 and 1")
+    resolved = resolve_model(model)
+    sampling = {**ENGINE_DEFAULTS, **generation_defaults(resolved)}
+    for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
+        if value is not None:
+            sampling[key] = value
+    if sampling["temperature"] < 0 or not 0 < sampling["top_p"] <= 1:
+        raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+    return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
+                     thinking_off_share=share, seed=0 if seed is None else seed,
+                     model_files=model_fingerprint(resolved))

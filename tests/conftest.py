@@ -1,0 +1,6 @@
+"""Shared test fixtures: real Postgres, Redis, a moto S3 server over HTTP, the tiny model.
+
+Service fixtures live in their own modules under tests/ and are loaded here as plugins.
+"""
+
+pytest_plugins = ["tests.s3_fixtures"]

@@ -1,0 +1,144 @@
+"""The worker's side of the ledger: claim with a fencing token, heartbeat, commit, release.
+
+``batches.attempts`` is the fencing token. A claim increments it; every later
+write of that attempt says ``WHERE attempts = :attempt AND status = 'running'``.
+A stale attempt (its worker was presumed dead, or the broker redelivered the
+message after its visibility timeout) therefore can never overwrite a newer
+record: its commit finds no row and it acknowledges without writing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.db import retry_db
+from ledger.states import BatchStatus, RunStatus
+
+
+class ClaimOutcome(str, Enum):
+    CLAIMED = "claimed"
+    ALREADY_DONE = "already_done"        # done or dead: ack, nothing to do
+    HELD_ELSEWHERE = "held_elsewhere"    # a live attempt holds it: this delivery is a duplicate
+    RUN_PAUSED = "run_paused"            # hand it back without generating
+    MISSING = "missing"                  # no such batch (ledger reset): ack
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    attempt: int = 0
+    run: dict | None = None
+
+
+_CLAIM = text("""
+UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :worker,
+       started_at = now(), heartbeat_at = now(), finished_at = NULL, error = NULL
+FROM runs r
+WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
+  AND (b.status IN ('planned', 'queued')
+       OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)))
+RETURNING b.attempts
+""")
+
+
+def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
+    def tx() -> Claim:
+        with sessions.begin() as s:
+            row = s.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s}).first()
+            info = s.execute(text(
+                "SELECT b.status, r.id AS run_id, r.name, r.model, r.sampling, r.output_url, r.provenance, "
+                "r.status AS run_status, r.config_hash FROM batches b JOIN runs r ON r.id = b.run_id "
+                "WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
+            if info is None:
+                return Claim(ClaimOutcome.MISSING)
+            run = {"id": info["run_id"], "name": info["name"], "model": info["model"],
+                   "sampling": info["sampling"], "output_url": info["output_url"],
+                   "provenance": info["provenance"] or {}, "config_hash": info["config_hash"]}
+            if row is not None:
+                return Claim(ClaimOutcome.CLAIMED, attempt=row[0], run=run)
+            if info["status"] in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+                return Claim(ClaimOutcome.ALREADY_DONE, run=run)
+            if info["run_status"] == RunStatus.PAUSED.value:
+                return Claim(ClaimOutcome.RUN_PAUSED, run=run)
+            return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
+
+    return retry_db(tx, what=f"claim batch {batch_id}")
+
+
+def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
+    """Refresh the lease of every (batch, attempt) held; return the batches no longer ours."""
+    if not held:
+        return set()
+    with sessions.begin() as s:
+        rows = s.execute(text(
+            "UPDATE batches SET heartbeat_at = now() "
+            "WHERE status = 'running' AND (id, attempts) IN (SELECT unnest(CAST(:ids AS bigint[])), "
+            "unnest(CAST(:attempts AS int[]))) RETURNING id"),
+            {"ids": list(held), "attempts": list(held.values())}).all()
+    return set(held) - {r[0] for r in rows}
+
+
+def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, reason: str) -> None:
+    """Give a batch back (shutdown, paused run): queued again, attempt kept as history."""
+    def tx() -> None:
+        with sessions.begin() as s:
+            s.execute(text(
+                "UPDATE batches SET status = 'queued', worker = NULL, heartbeat_at = NULL, error = :reason, "
+                "enqueued_at = now() WHERE id = :batch AND attempts = :attempt AND status = 'running'"),
+                {"batch": batch_id, "attempt": attempt, "reason": reason})
+    retry_db(tx, what=f"release batch {batch_id}", max_wait_s=20)
+
+
+def fail_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, error: str,
+               max_attempts: int) -> BatchStatus:
+    """Record a failed attempt: ``dead`` once failures reach ``max_attempts``, else back to ``queued``."""
+    def tx() -> BatchStatus:
+        with sessions.begin() as s:
+            row = s.execute(text(
+                "UPDATE batches SET failures = failures + 1, "
+                "status = CASE WHEN failures + 1 >= :max THEN 'dead' ELSE 'queued' END, "
+                "error = :error, worker = NULL, heartbeat_at = NULL, finished_at = now(), enqueued_at = now() "
+                "WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING status"),
+                {"batch": batch_id, "attempt": attempt, "error": error[:2000], "max": max_attempts}).first()
+        return BatchStatus(row[0]) if row else BatchStatus.RUNNING
+    return retry_db(tx, what=f"fail batch {batch_id}")
+
+
+def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
+                 output_sha256: str, rows: list[dict]) -> bool:
+    """Record a finished batch and all its samples in one transaction. False if fenced off."""
+    prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in rows)
+    completion_tokens = sum(r["usage"]["completion_tokens"] for r in rows)
+    sample_params = [{
+        "run": run_id, "sid": r["sample_id"], "status": r["status"], "finish": r.get("finish_reason"),
+        "stop": r.get("stop_reason"), "turns": r.get("turns"), "pt": r["usage"]["prompt_tokens"],
+        "ct": r["usage"]["completion_tokens"], "rt": r["usage"].get("reasoning_tokens"),
+        "at": r["usage"].get("answer_tokens"), "tc": r.get("tool_calls"), "key": output_key,
+        "error": None if r.get("error") is None else f"{r['error']['reason']}: {r['error']['detail']}"[:2000],
+    } for r in rows]
+
+    def tx() -> bool:
+        with sessions.begin() as s:
+            done = s.execute(text(
+                "UPDATE batches SET status = 'done', finished_at = now(), heartbeat_at = now(), "
+                "output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, "
+                "error = NULL WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING id"),
+                {"batch": batch_id, "attempt": attempt, "key": output_key, "sha": output_sha256,
+                 "pt": prompt_tokens, "ct": completion_tokens}).first()
+            if done is None:
+                return False
+            s.execute(text(
+                "UPDATE samples SET status = :status, finish_reason = :finish, stop_reason = :stop, turns = :turns, "
+                "prompt_tokens = :pt, completion_tokens = :ct, reasoning_tokens = :rt, answer_tokens = :at, "
+                "tool_calls = :tc, output_key = :key, error = :error, updated_at = now() "
+                "WHERE run_id = :run AND sample_id = :sid AND status <> 'done'"), sample_params)
+            s.execute(text(
+                "UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND NOT EXISTS "
+                "(SELECT 1 FROM batches WHERE run_id = :run AND status NOT IN ('done', 'dead'))"),
+                {"run": run_id})
+            return True
+    return retry_db(tx, what=f"commit batch {batch_id}")

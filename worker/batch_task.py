@@ -1,0 +1,153 @@
+"""What one delivery of a batch message does, from claim to commit.
+
+Ack only after the output shard is uploaded, verified and committed. The task
+never raises anything but a requeue: failures become ledger data (``failures``,
+``error``, ``dead``) and the broker never decides that a batch is finished.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+
+from ledger.dispatch import BatchMessage
+from ledger.errors import StoreError
+from ledger.objects import sha256_hex
+from ledger.shards import decode_shard, encode_shard, output_shard_url
+
+from .batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
+from .engine import EngineDead
+from .generation import generate_batch
+from .runtime import WorkerRuntime, WrongModel
+
+log = logging.getLogger(__name__)
+
+#: How often a waiting task thread looks at the shutdown flag and its lease.
+POLL_S = 0.5
+
+
+class Requeue(Exception):
+    """Put the message back on the broker (Reject(requeue=True))."""
+
+
+class _Preempted(Exception):
+    pass
+
+
+class _Fenced(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    batch_id: int
+    attempt: int = 0
+    detail: str = ""
+
+
+def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
+    if rt.shutting_down.is_set():
+        raise Requeue("worker is shutting down")
+    claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s)
+    if claim.outcome is not ClaimOutcome.CLAIMED:
+        # done/dead: nothing to do. Held elsewhere: a duplicate delivery. Paused run:
+        # the batch stays queued in the ledger and `regen resume` publishes it again.
+        log.info("batch %s (seq %s): %s, acknowledging without generating", msg.batch_id, msg.seq,
+                 claim.outcome.value)
+        return Outcome(claim.outcome.value, msg.batch_id)
+    attempt, run = claim.attempt, claim.run
+    assert run is not None
+    rt.hold(msg.batch_id, attempt)
+    log.info("batch %s (run %s, seq %s) attempt %s started", msg.batch_id, run["name"], msg.seq, attempt)
+    try:
+        return _generate_upload_commit(rt, msg, run, attempt)
+    except _Preempted:
+        release_batch(rt.sessions, msg.batch_id, attempt, reason="handed back at worker shutdown")
+        raise Requeue("worker is shutting down") from None
+    except _Fenced:
+        return Outcome("fenced", msg.batch_id, attempt, "a newer attempt owns the batch")
+    except WrongModel as e:
+        release_batch(rt.sessions, msg.batch_id, attempt, reason=str(e))
+        time.sleep(5)  # do not spin on a message this worker can never run
+        raise Requeue(str(e)) from e
+    except EngineDead as e:
+        _record_failure(rt, msg, attempt, f"engine died: {e}")
+        rt.request_exit("the engine died")
+        raise Requeue("engine died") from e
+    except StoreError as e:
+        status = _record_failure(rt, msg, attempt, f"object store ({'transient' if e.transient else 'permanent'}"
+                                                   f" {e.code}): {e}")
+        if status == "dead":
+            return Outcome("dead", msg.batch_id, attempt, str(e))
+        raise Requeue(str(e)) from e
+    except Requeue:
+        raise
+    except Exception as e:  # noqa: BLE001 - any other failure is recorded, never lost with an ack
+        log.exception("batch %s attempt %s failed", msg.batch_id, attempt)
+        status = _record_failure(rt, msg, attempt, f"{type(e).__name__}: {e}")
+        if status == "dead":
+            return Outcome("dead", msg.batch_id, attempt, str(e))
+        raise Requeue(str(e)) from e
+    finally:
+        rt.drop(msg.batch_id)
+
+
+def _record_failure(rt: WorkerRuntime, msg: BatchMessage, attempt: int, error: str) -> str:
+    status = fail_batch(rt.sessions, msg.batch_id, attempt, error=error, max_attempts=rt.options.max_attempts)
+    log.error("batch %s attempt %s failed (%s): %s", msg.batch_id, attempt, status.value, error)
+    return status.value
+
+
+def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
+    engine = rt.engine
+    while True:
+        try:
+            return future.result(timeout=POLL_S)
+        except concurrent.futures.TimeoutError:
+            pass
+        if rt.shutting_down.is_set():
+            future.cancel()
+            raise _Preempted()
+        if rt.is_lost(batch_id):
+            future.cancel()
+            raise _Fenced()
+        if engine is not None and not engine.alive:
+            future.cancel()
+            raise EngineDead("engine is no longer running")
+
+
+def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int) -> Outcome:
+    out_url = output_shard_url(run["output_url"], msg.seq)
+    existing = rt.store.head(out_url)
+    if existing is not None:
+        # An earlier attempt uploaded but never committed (crash, Postgres outage):
+        # record that shard instead of generating again.
+        data = rt.store.get(out_url)
+        rows = list(decode_shard(data))
+        log.info("batch %s: output already in the store, committing it", msg.batch_id)
+    else:
+        samples = list(decode_shard(rt.store.get(msg.input_key)))
+        engine, renderer = rt.engine_for(run["model"])
+        run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
+                                         "chat_template_sha256": renderer.template_hash,
+                                         "config_hash": run["config_hash"]}}
+        future = engine.submit(generate_batch(engine, renderer, samples, run_ctx))
+        rows = _wait(rt, msg.batch_id, future)
+        if rt.is_lost(msg.batch_id):
+            raise _Fenced()
+        data = encode_shard(rows)
+        put = rt.store.put_if_absent(out_url, data)
+        if not put.created:
+            # A twin attempt wrote first; the ledger must describe the bytes in the store.
+            data = rt.store.get(out_url)
+            rows = list(decode_shard(data))
+    ok = commit_batch(rt.sessions, run_id=run["id"], batch_id=msg.batch_id, attempt=attempt, output_key=out_url,
+                      output_sha256=sha256_hex(data), rows=rows)
+    if not ok:
+        raise _Fenced()
+    done = sum(r["status"] == "done" for r in rows)
+    log.info("batch %s attempt %s committed: %d done, %d failed", msg.batch_id, attempt, done, len(rows) - done)
+    return Outcome("done", msg.batch_id, attempt, f"{done}/{len(rows)} samples done")

@@ -1,0 +1,96 @@
+"""Generate one batch on the shared engine: every conversation at once, each turn on policy.
+
+Runs on the engine's event loop. All conversations of the batch are started
+together, so the engine sees them as soon as the batch arrives and each next turn
+is submitted the moment the previous one finishes (no per-batch barrier between
+turns). A sample that cannot be generated becomes a failed row with its reason;
+only an engine failure fails the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ledger.hashing import sample_seed, thinking_enabled
+
+from .dialogue import SampleError, regenerate_conversation
+from .engine import EngineDead, EngineHost
+from .rendering import Renderer
+
+#: Sampling keys passed to vLLM's SamplingParams from the run's record.
+ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[str, Any]:
+    params = {k: run_sampling[k] for k in ENGINE_SAMPLING_KEYS if k in run_sampling}
+    # generation_config.json and the run record use 0 for "no top-k"; so does vLLM.
+    params["top_k"] = max(0, int(params.get("top_k") or 0))
+    params.update(seed=seed, max_tokens=max_tokens)
+    return params
+
+
+async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, run: dict) -> dict:
+    sampling = run["sampling"]
+    sid = sample["sample_id"]
+    thinking = thinking_enabled(sampling.get("thinking", "on"), float(sampling.get("thinking_off_share", 0.0)), sid)
+    run_seed = int(sampling.get("seed", 0))
+
+    def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return renderer.render(messages, tools, thinking=thinking)
+
+    async def generate(prompt_ids: list[int], turn: int):
+        room = renderer.max_model_len - len(prompt_ids)
+        params = engine_sampling(sampling, seed=sample_seed(run_seed, sid, turn),
+                                 max_tokens=max(1, min(int(sampling["max_tokens"]), room)))
+        return await engine.generate(prompt_ids, params)
+
+    row: dict[str, Any] = {
+        "sample_id": sid,
+        "source": sample.get("source"),
+        "input_messages": sample["messages"],
+        "tools": sample.get("tools"),
+        "thinking": thinking,
+        "model": run["model"],
+        "sampling": {**sampling, "seed": sample_seed(run_seed, sid, 0)},
+        "provenance": run["provenance"],
+    }
+    try:
+        result = await regenerate_conversation(sample, thinking=thinking, render=render, generate=generate,
+                                               think_end_id=renderer.think_end_id)
+    except SampleError as e:
+        row.update(status="failed", error={"reason": e.reason, "detail": e.detail}, messages=None, events=[],
+                   finish_reason=None, stop_reason=None, turns=0,
+                   usage={"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "answer_tokens": 0},
+                   tool_calls=0)
+        return row
+    row.update(
+        status="done",
+        error=None,
+        messages=result.messages,
+        events=result.events,
+        finish_reason=result.finish_reason,
+        stop_reason=result.stop_reason,
+        turns=result.turns,
+        tool_calls=result.tool_calls,
+        usage={"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+               "reasoning_tokens": result.reasoning_tokens, "answer_tokens": result.answer_tokens},
+    )
+    return row
+
+
+async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict) -> list[dict]:
+    """All samples of one batch, concurrently. Raises EngineDead if the engine fails."""
+    tasks = [asyncio.ensure_future(generate_sample(engine, renderer, s, run)) for s in samples]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # Cancellation (shutdown, fencing) or an engine failure: abort every request of
+        # the batch, so the engine's slots go to batches that will be kept.
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+__all__ = ["generate_batch", "generate_sample", "EngineDead"]

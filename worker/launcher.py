@@ -1,0 +1,195 @@
+"""``regen worker``: one worker process per GPU group on this node, supervised.
+
+The launcher owns each child's process group: when a child dies (even by SIGKILL,
+leaving vLLM's engine processes orphaned and holding memory) the launcher kills
+the rest of its group, then restarts it with back-off. On SIGTERM/SIGINT it
+forwards SIGTERM to every child (each hands its in-flight batches back to the
+broker), waits, and reaps the groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("regen.launcher")
+
+#: Restart back-off for a crashing child: 2 s doubling to 5 min. A child that ran
+#: this long counts as healthy again (its next crash starts from 2 s).
+RESTART_BASE_S = 2.0
+RESTART_MAX_S = 300.0
+HEALTHY_AFTER_S = 600.0
+#: Consecutive quick crashes after which the launcher gives up on a child and
+#: exits non-zero: a crash loop is a bug for a human, not something to retry forever.
+MAX_QUICK_CRASHES = 8
+#: Time given to children to hand back their batches and stop the engine after SIGTERM.
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    name: str
+    devices: tuple[str, ...]
+    env: dict[str, str]
+    argv: tuple[str, ...]
+
+
+def discover_gpus() -> list[str]:
+    """GPU indices on this node from nvidia-smi (empty when there is none)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def parse_gpus(spec: str) -> list[str] | None:
+    """``none`` → None (one CPU engine); ``all`` → discovered; ``0,1,2,3`` → as given."""
+    spec = spec.strip().lower()
+    if spec in ("none", "cpu", ""):
+        return None
+    if spec == "all":
+        gpus = discover_gpus()
+        if not gpus:
+            raise SystemExit("--gpus all: no GPU found (nvidia-smi failed or listed none)")
+        return gpus
+    gpus = [g.strip() for g in spec.split(",") if g.strip()]
+    if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise SystemExit(f"--gpus expects none, all or distinct indices like 0,1,2,3 (got {spec!r})")
+    return gpus
+
+
+def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = None, queues: str = "regen",
+                   concurrency: int = 8, model: str | None = None, engine_args: list[str] | None = None,
+                   extra_args: list[str] | None = None, base_env: dict[str, str] | None = None,
+                   python: str = sys.executable) -> list[ProcessPlan]:
+    """The processes this node should run: pure, so it is tested without GPUs."""
+    host = host or socket.gethostname()
+    env_base = dict(base_env if base_env is not None else os.environ)
+    engine_args = list(engine_args or [])
+    if gpus is None:
+        groups: list[tuple[str, ...]] = [()]
+    else:
+        if tp < 1 or len(gpus) % tp:
+            raise SystemExit(f"{len(gpus)} GPUs cannot be split into tensor-parallel groups of {tp}")
+        groups = [tuple(gpus[i:i + tp]) for i in range(0, len(gpus), tp)]
+    plans = []
+    for i, devices in enumerate(groups):
+        env = dict(env_base)
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            name = f"gpu{devices[0]}@{host}" if tp == 1 else f"gpu{'-'.join(devices)}@{host}"
+            args = list(engine_args)
+            if tp > 1 and not any(a.startswith("tensor_parallel_size=") for a in args):
+                args.append(f"tensor_parallel_size={tp}")
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            # vLLM's CPU build sizes its KV cache from this (GiB); its default is small.
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+            name = f"cpu{i}@{host}"
+            args = list(engine_args)
+        argv = [python, "-m", "worker.process", "--name", name, "--queues", queues,
+                "--concurrency", str(concurrency)]
+        if model:
+            argv += ["--model", model]
+        for a in args:
+            argv += ["--engine-arg", a]
+        argv += list(extra_args or [])
+        plans.append(ProcessPlan(name=name, devices=devices, env=env, argv=tuple(argv)))
+    return plans
+
+
+@dataclass
+class _Child:
+    plan: ProcessPlan
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    quick_crashes: int = 0
+    next_start: float = 0.0
+    gave_up: bool = False
+    log_lines: list[str] = field(default_factory=list)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Launcher:
+    def __init__(self, plans: list[ProcessPlan]):
+        self.children = [_Child(p) for p in plans]
+        self.stopping = False
+
+    def _start(self, child: _Child) -> None:
+        # A new session: the child and every engine process it spawns share one group we can kill.
+        child.proc = subprocess.Popen(list(child.plan.argv), env=child.plan.env, start_new_session=True)
+        child.started_at = time.monotonic()
+        log.info("started %s (pid %d, devices %s)", child.plan.name, child.proc.pid,
+                 ",".join(child.plan.devices) or "cpu")
+
+    def _on_exit(self, child: _Child, code: int) -> None:
+        assert child.proc is not None
+        _kill_group(child.proc.pid, signal.SIGKILL)  # reap orphaned engine processes
+        ran_s = time.monotonic() - child.started_at
+        child.proc = None
+        if self.stopping:
+            return
+        child.quick_crashes = 0 if ran_s >= HEALTHY_AFTER_S else child.quick_crashes + 1
+        if child.quick_crashes >= MAX_QUICK_CRASHES:
+            log.error("%s crashed %d times in a row; giving up on it", child.plan.name, child.quick_crashes)
+            child.gave_up = True
+            return
+        delay = min(RESTART_MAX_S, RESTART_BASE_S * 2 ** max(0, child.quick_crashes - 1))
+        child.next_start = time.monotonic() + delay
+        log.warning("%s exited with %s after %.0fs; restarting in %.0fs", child.plan.name, code, ran_s, delay)
+
+    def stop(self, *_: object) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("stopping: asking every worker to hand back its batches")
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        for child in self.children:
+            self._start(child)
+        stop_deadline = None
+        while True:
+            now = time.monotonic()
+            for child in self.children:
+                if child.proc is not None:
+                    code = child.proc.poll()
+                    if code is not None:
+                        self._on_exit(child, code)
+                elif not self.stopping and not child.gave_up and now >= child.next_start:
+                    self._start(child)
+            if self.stopping:
+                stop_deadline = stop_deadline or now + STOP_GRACE_S
+                alive = [c for c in self.children if c.proc is not None]
+                if not alive:
+                    return 0
+                if now > stop_deadline:
+                    for c in alive:
+                        log.warning("%s did not stop in %.0fs; killing its group", c.plan.name, STOP_GRACE_S)
+                        _kill_group(c.proc.pid, signal.SIGKILL)
+            elif all(c.gave_up for c in self.children):
+                return 1
+            time.sleep(0.2)
+
+
+def run_launcher(plans: list[ProcessPlan]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return Launcher(plans).run()

@@ -1,0 +1,91 @@
+"""One worker process: one engine, a threads pool of batches in flight, one Celery consumer.
+
+Started by ``regen worker`` (worker/launcher.py) once per GPU group with
+``CUDA_VISIBLE_DEVICES`` already set; run it by hand as
+``python -m worker.process --name gpu0@host``.
+
+Why the threads pool: prefork children are daemonic and cannot start vLLM's engine
+processes; solo runs one batch at a time (the engine drains at every boundary) and
+loses the batch on a cold shutdown. Threads feed one shared engine, and on SIGTERM
+each in-flight batch is handed back to the broker within a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+
+from celery import signals
+
+from ledger.dispatch import make_celery
+from ledger.settings import Settings
+
+from .runtime import WorkerOptions, WorkerRuntime
+from .tasks import register_tasks
+
+log = logging.getLogger("regen.worker")
+
+
+def parse_engine_args(pairs: list[str]) -> dict:
+    """``key=value`` pairs; values are JSON when they parse (numbers, booleans), else strings."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"--engine-arg expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except ValueError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m worker.process")
+    p.add_argument("--name", default=f"cpu0@{socket.gethostname()}")
+    p.add_argument("--queues", default="regen")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--model", default=None, help="load this model at start instead of on the first batch")
+    p.add_argument("--engine-arg", action="append", default=[])
+    p.add_argument("--lease-s", type=float, default=90.0)
+    p.add_argument("--heartbeat-s", type=float, default=15.0)
+    p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--loglevel", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    options = WorkerOptions(name=args.name, queues=tuple(q for q in args.queues.split(",") if q),
+                            concurrency=args.concurrency, model=args.model,
+                            engine_args=parse_engine_args(args.engine_arg), lease_s=args.lease_s,
+                            heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts)
+    settings = Settings.from_env()
+    runtime = WorkerRuntime(settings, options)
+    app = make_celery(settings)
+    register_tasks(app, runtime)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _on_shutting_down(**_):
+        # Warm shutdown waits for running tasks: make them hand their batches back now.
+        runtime.begin_shutdown()
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _on_shutdown(**_):
+        runtime.close()
+
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    runtime.start_heartbeats()
+    if options.model:
+        runtime.engine_for(options.model)
+    app.worker_main([
+        "worker", "--pool", "threads", "--concurrency", str(options.concurrency), "--hostname", options.name,
+        "--queues", ",".join(options.queues), "--prefetch-multiplier", "1", "--without-gossip",
+        "--without-mingle", "--task-events", "--loglevel", args.loglevel,
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Render conversations with the target model's own chat template, to token ids.
+
+The ids handed to the engine are exactly ``tokenizer.apply_chat_template(messages,
+tools=tools, add_generation_prompt=True, enable_thinking=...)``: no text round
+trip, no second tokenisation, so the prompt is what the target sees in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .dialogue import SampleError
+
+
+class Renderer:
+    def __init__(self, tokenizer: Any, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        template = tokenizer.chat_template or ""
+        if isinstance(template, dict):  # several named templates
+            template = "\n".join(f"{k}\n{v}" for k, v in sorted(template.items()))
+        self.template_hash = hashlib.sha256(template.encode()).hexdigest()
+        vocab = tokenizer.get_vocab()
+        #: The id that ends a Qwen3 thought, to count reasoning vs answer tokens by id.
+        self.think_end_id: int | None = vocab.get("</think>")
+
+    def render(self, messages: list[dict], tools: list[dict] | None, *, thinking: bool) -> list[int]:
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, enable_thinking=thinking,
+                tokenize=True, return_dict=False,
+            )
+        except Exception as e:  # noqa: BLE001 - any template failure is this sample's, not the batch's
+            raise SampleError("template_error", f"{type(e).__name__}: {str(e)[:300]}") from e
+        ids = list(ids)
+        # At least one token of room, or the engine would reject the request outright.
+        if len(ids) >= self.max_model_len:
+            raise SampleError("prompt_too_long",
+                              f"prompt has {len(ids)} tokens; the model's context is {self.max_model_len}")
+        return ids

@@ -1,0 +1,129 @@
+"""Process-wide state of one worker process (one per GPU group).
+
+Holds what every task thread shares: the ledger sessions, the object store, the
+engine (loaded once, reused), the batches in flight with their fencing tokens,
+the heartbeat thread that keeps their leases, and the shutdown flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.db import make_engine, make_sessionmaker
+from ledger.objects import ObjectStore
+from ledger.settings import Settings
+
+from .batch_ledger import heartbeat
+from .engine import EngineHost
+from .rendering import Renderer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    name: str
+    queues: tuple[str, ...] = ("regen",)
+    #: Batches in flight per engine. The engine holds only ~0.6 x batch size live
+    #: requests per batch (the tail), so several batches keep it full (performance.md).
+    concurrency: int = 8
+    model: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    #: A running batch whose heartbeat is older than this is presumed lost and may be
+    #: claimed again. 6 missed heartbeats: a long GC pause or a slow ledger is no crash.
+    lease_s: float = 90.0
+    heartbeat_s: float = 15.0
+    #: Failed attempts before a batch is declared dead (never retried in a loop).
+    max_attempts: int = 3
+
+
+class WrongModel(RuntimeError):
+    pass
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, options: WorkerOptions):
+        self.settings = settings
+        self.options = options
+        self.db = make_engine(settings, pool_size=max(5, options.concurrency + 2))
+        self.sessions = make_sessionmaker(self.db)
+        self.store = ObjectStore(max_attempts=settings.s3_max_attempts)
+        self.shutting_down = threading.Event()
+        self._engine: EngineHost | None = None
+        self._renderer: Renderer | None = None
+        self._engine_lock = threading.Lock()
+        self._held: dict[int, int] = {}
+        self._lost: set[int] = set()
+        self._held_lock = threading.Lock()
+        self._hb_thread: threading.Thread | None = None
+
+    # -- engine ---------------------------------------------------------------------------
+    def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
+        """The process's engine, loaded on first use. A process serves one model."""
+        with self._engine_lock:
+            if self._engine is None:
+                engine = EngineHost(model=model, engine_args=self.options.engine_args)
+                engine.start()
+                self._engine = engine
+                self._renderer = Renderer(engine.tokenizer, engine.max_model_len)
+            elif self._engine.model != model:
+                raise WrongModel(f"this worker serves {self._engine.model}, not {model}")
+            assert self._renderer is not None
+            return self._engine, self._renderer
+
+    @property
+    def engine(self) -> EngineHost | None:
+        return self._engine
+
+    # -- in-flight batches and their leases ---------------------------------------------------
+    def hold(self, batch_id: int, attempt: int) -> None:
+        with self._held_lock:
+            self._held[batch_id] = attempt
+            self._lost.discard(batch_id)
+
+    def drop(self, batch_id: int) -> None:
+        with self._held_lock:
+            self._held.pop(batch_id, None)
+            self._lost.discard(batch_id)
+
+    def is_lost(self, batch_id: int) -> bool:
+        with self._held_lock:
+            return batch_id in self._lost
+
+    def start_heartbeats(self) -> None:
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="ledger-heartbeat", daemon=True)
+        self._hb_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.shutting_down.wait(self.options.heartbeat_s):
+            with self._held_lock:
+                held = dict(self._held)
+            try:
+                lost = heartbeat(self.sessions, held)
+            except Exception as e:  # noqa: BLE001 - a ledger outage must not kill the heartbeat thread
+                log.warning("heartbeat failed (%s); retrying in %ss", type(e).__name__, self.options.heartbeat_s)
+                continue
+            if lost:
+                log.warning("batches %s were taken over by a newer attempt; abandoning them", sorted(lost))
+                with self._held_lock:
+                    self._lost |= lost & set(self._held)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def begin_shutdown(self) -> None:
+        self.shutting_down.set()
+
+    def request_exit(self, why: str) -> None:
+        """Ask Celery for a warm shutdown (in-flight batches are handed back); the launcher restarts us."""
+        log.error("worker exiting: %s", why)
+        self.shutting_down.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+        self.db.dispose()
