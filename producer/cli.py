@@ -146,12 +146,13 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
 @click.option("--lease-s", type=float, default=90.0, show_default=True,
               help="a running batch without heartbeat for this long may be taken over")
 @click.option("--max-attempts", type=int, default=3, show_default=True, help="failures before a batch is dead")
+@click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
-def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, dry_run) -> None:
+def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, node_name, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
     from worker.launcher import parse_gpus, plan_processes, run_launcher
 
-    plans = plan_processes(parse_gpus(gpus), tp=tp, queues=queues, concurrency=concurrency, model=model,
+    plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
                            extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts)])
     if dry_run:

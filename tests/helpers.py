@@ -1,0 +1,61 @@
+"""Small helpers shared by integration tests: run the CLI, wait for a condition, read outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ledger.objects import ObjectStore
+from ledger.shards import decode_shard
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env(settings, s3_env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **s3_env, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+
+
+def run_cli(args: list[str], env: dict[str, str], *, check: bool = True, timeout_s: float = 300
+            ) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "producer.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"regen {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def status_json(env: dict[str, str], run: str) -> dict:
+    out = run_cli(["status", "--run", run, "--json"], env).stdout
+    return json.loads(out)["runs"][0]
+
+
+def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 1.0,
+             on_timeout: Callable[[], str] | None = None):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = on_timeout() if on_timeout else ""
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{extra}")
+        time.sleep(interval_s)
+
+
+def output_rows(store: ObjectStore, output_url: str) -> list[dict]:
+    rows = []
+    for url in sorted(store.list(output_url.rstrip("/") + "/outputs/")):
+        rows.extend(decode_shard(store.get(url)))
+    return rows
+
+
+def input_rows(store: ObjectStore, output_url: str) -> list[dict]:
+    rows = []
+    for url in sorted(store.list(output_url.rstrip("/") + "/inputs/")):
+        rows.extend(decode_shard(store.get(url)))
+    return rows
