@@ -62,7 +62,8 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
         workers = [dict(r) for r in session.execute(text(
             "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at FROM batches "
             "WHERE run_id = :run AND status = 'running' GROUP BY worker ORDER BY worker"), {"run": rid}).mappings()]
-        window_s = RECENT_WINDOW_S
+        recent = (float(recent[0]), float(recent[1]), int(recent[2]))
+        window_s = float(RECENT_WINDOW_S)
         if tokens[2] is not None:
             window_s = min(RECENT_WINDOW_S, max(1.0, (now - tokens[2]).total_seconds()))
         remaining = samples["pending"]

@@ -123,6 +123,9 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
 
     def tx() -> bool:
         with sessions.begin() as s:
+            # Serialise commits of one run: the "run finished" check below must see
+            # every other batch's commit, or two last batches both miss it.
+            s.execute(text("SELECT 1 FROM runs WHERE id = :run FOR UPDATE"), {"run": run_id})
             done = s.execute(text(
                 "UPDATE batches SET status = 'done', finished_at = now(), heartbeat_at = now(), "
                 "output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, "

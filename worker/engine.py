@@ -68,7 +68,7 @@ class EngineHost:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._build(), self._loop).result()
-        log.info("engine ready: %s (max_model_len %d, vllm %s)", self.model, self.max_model_len,
+        log.info("engine ready: %s (max_model_len %d, %s)", self.model, self.max_model_len,
                  self.engine_version)
 
     async def _build(self) -> None:

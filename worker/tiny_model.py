@@ -1,0 +1,326 @@
+"""An offline tiny Qwen3 model: for the demo, the tests and smoke tests of a deployment.
+
+Nothing here downloads anything. The tokenizer is a byte-level BPE trained in a
+second on a synthetic corpus, the chat template is regen's own Qwen3-style
+template (``worker/templates/qwen3_chat.jinja``), and the weights are either
+random (``variant="random"``) or briefly trained on synthetic conversations so
+the model thinks, calls tools and stops (``"trained"``, ``"stub"``; see
+``worker/tiny_training.py``).
+
+Every build is deterministic for a given seed: the same seed writes the same
+files byte for byte, so a built directory can be cached by a content key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+Variant = Literal["random", "trained", "stub"]
+VARIANTS: tuple[str, ...] = ("random", "trained", "stub")
+
+TEMPLATE_PATH = Path(__file__).parent / "templates" / "qwen3_chat.jinja"
+
+#: Special tokens, as in Qwen3: they delimit turns and never appear in decoded text.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: Format tokens: single ids (so parsers can work by id) that stay in decoded text,
+#: as Qwen3 has them (``special=False``).
+FORMAT_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+#: BPE vocabulary including the special tokens, before the format tokens are added.
+#: 4 K keeps the embedding small while common words are single tokens.
+BPE_VOCAB_SIZE = 4096 - len(FORMAT_TOKENS)
+#: Synthetic documents the BPE learns from; more adds build time, not quality.
+TOKENIZER_CORPUS_DOCS = 4000
+
+#: Recorded in the output so a directory can say what built it (and be reused).
+MARKER_FILE = "regen_tiny_model.json"
+
+#: A small English-ish lexicon shared with the training data generator.
+WORDS = (
+    "the a an of to and in is it that for on with as was at by be this from or have not are but "
+    "they which one you all were can there we when what your their said more if will each about how "
+    "up out them then she many some so these would other into has her two like him see time could no "
+    "make than first been its who now people my made over did down only way find use may water long "
+    "little very after words called just where most know get through back much before go good new "
+    "write our used me man too any day same right look think also around another came come work three "
+    "word must because does part even place well such here take why things help put years different "
+    "away again off went old number great tell men say small every found still between name should "
+    "home big give air line set own under read last never us left end along while might next sound "
+    "below saw something thought both few those always looked show large often together asked house "
+    "world going want school important until form food keep children feet land side without boy once "
+    "animals life enough took sometimes four head above kind began almost live page got earth need far "
+    "hand high year mother light parts country father let night following picture being study second "
+    "eyes soon times story boys since white days ever paper hard near sentence better best across "
+    "during today others however sure means knew try told young miles sun ways thing whole hear "
+    "example heard several change answer room sea against top turned learn point city play toward "
+    "five using himself usually river data value result query table server request file error list "
+    "order price weather user account message report model token batch queue worker shard record"
+).split()
+
+#: Identifiers for the code-ish and JSON parts of the corpus (and tool names later).
+IDENTIFIERS = (
+    "get_weather search_web send_email read_file write_file list_files run_query get_time convert_units "
+    "book_flight lookup_user create_event translate_text calculate get_stock_price set_reminder "
+    "city query to subject body path content sql timezone amount unit from_unit to_unit origin "
+    "destination date user_id title start expression text target_language symbol minutes note "
+    "count limit offset name value items result status id key index"
+).split()
+
+
+def _sentence(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(4, 14))]
+    return " ".join(words).capitalize() + rng.choice(".....?!")
+
+
+def _json_doc(rng: random.Random) -> str:
+    doc: dict[str, object] = {}
+    for _ in range(rng.randint(1, 4)):
+        key = rng.choice(IDENTIFIERS)
+        kind = rng.random()
+        if kind < 0.4:
+            doc[key] = rng.choice(WORDS) + " " + rng.choice(WORDS)
+        elif kind < 0.7:
+            doc[key] = rng.randint(0, 5000)
+        elif kind < 0.85:
+            doc[key] = round(rng.uniform(-100, 100), 2)
+        else:
+            doc[key] = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
+    return json.dumps(doc)
+
+
+def _code_doc(rng: random.Random) -> str:
+    fn, arg, other = rng.choice(IDENTIFIERS), rng.choice(IDENTIFIERS), rng.choice(IDENTIFIERS)
+    return (f"def {fn}({arg}, {other}=None):\n"
+            f"    if {other} is None:\n        return {arg}\n"
+            f"    for i in range(len({arg})):\n        {other}[i] = {arg}[i] + {rng.randint(1, 99)}\n"
+            f"    return {{\"{arg}\": {other}}}\n")
+
+
+def tokenizer_corpus(seed: int = 0, docs: int = TOKENIZER_CORPUS_DOCS) -> list[str]:
+    """Synthetic documents to train the BPE on: prose, JSON, code and chat boilerplate.
+
+    The chat boilerplate (role names, the tool instructions of the template) is
+    in the corpus so that rendered prompts tokenize into few tokens.
+    """
+    rng = random.Random(seed)
+    template = TEMPLATE_PATH.read_text()
+    out = []
+    for i in range(docs):
+        kind = i % 4
+        if kind == 0:
+            out.append(" ".join(_sentence(rng) for _ in range(rng.randint(1, 5))))
+        elif kind == 1:
+            out.append(_json_doc(rng))
+        elif kind == 2:
+            out.append(_code_doc(rng))
+        else:
+            out.append(f"system\nYou are a helpful assistant.\nuser\n{_sentence(rng)}\nassistant\n"
+                       f"\n{_sentence(rng)}\n\n{_json_doc(rng)}\n")
+    # The template's own literal text (tool instructions) once per hundred documents.
+    out.extend([template] * (docs // 100))
+    return out
+
+
+def train_tokenizer(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE):
+    """Train a byte-level BPE with Qwen3's special and format tokens; return a PreTrainedTokenizerFast.
+
+    Args:
+        corpus: documents to learn merges from.
+        vocab_size: size of the BPE vocabulary including the special tokens; the
+            format tokens (``<think>`` ...) are added after it.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    # normalized=False: matched on the raw text, so "<think>" is one id wherever it appears.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=TEMPLATE_PATH.read_text(),
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def model_config(tokenizer, *, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 2,
+                 num_kv_heads: int = 1, intermediate_size: int = 256):
+    """The Qwen3 config of the tiny model.
+
+    head_dim stays 64: vLLM's CPU attention needs head_dim >= 32, and 64 is what
+    its kernels are tuned for. 8 K positions fit the longest outputs we test.
+    """
+    from transformers import Qwen3Config
+
+    im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        tie_word_embeddings=True,
+        bos_token_id=eot,
+        eos_token_id=im_end,
+        pad_token_id=eot,
+        dtype="bfloat16",
+    )
+
+
+def random_model(config, seed: int = 0):
+    """A Qwen3ForCausalLM with seeded random weights, in bfloat16."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    return model.to(torch.bfloat16).eval()
+
+
+def generation_config(tokenizer):
+    """Qwen3's recommended sampling for thinking mode; both end tokens stop generation."""
+    from transformers import GenerationConfig
+
+    im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    return GenerationConfig(
+        bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot,
+        do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
+    )
+
+
+def save_model_dir(out_dir: Path, model, tokenizer, marker: dict) -> None:
+    """Write the model, tokenizer (template embedded in tokenizer_config.json) and marker."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.generation_config = generation_config(tokenizer)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    # save_jinja_files=False keeps the template inside tokenizer_config.json, where
+    # every transformers and vLLM version looks for it.
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def build_key(variant: str, seed: int) -> str:
+    """A content key: the builder's sources, the template, the parameters and the library versions.
+
+    Any edit to the code or an upgrade of torch/transformers/tokenizers yields a
+    new key, so a stale cached model is never reused.
+    """
+    import tokenizers
+    import torch
+    import transformers
+
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for path in (here / "tiny_model.py", here / "tiny_training.py", TEMPLATE_PATH):
+        if path.exists():
+            digest.update(path.read_bytes())
+    digest.update(json.dumps({"variant": variant, "seed": seed, "torch": torch.__version__,
+                              "transformers": transformers.__version__,
+                              "tokenizers": tokenizers.__version__}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """``$REGEN_CACHE_DIR/tiny-models``, else ``~/.cache/regen/tiny-models``."""
+    root = os.environ.get("REGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "regen")
+    return Path(root) / "tiny-models"
+
+
+def _read_marker(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _build_into(tmp: Path, variant: str, seed: int, key: str) -> None:
+    tokenizer = train_tokenizer(tokenizer_corpus(seed))
+    if variant == "random":
+        model = random_model(model_config(tokenizer), seed)
+    else:
+        from . import tiny_training  # torch training code, only needed for these variants
+
+        model = tiny_training.train_model(tokenizer, variant=variant, seed=seed)
+    save_model_dir(tmp, model, tokenizer, {"variant": variant, "seed": seed, "key": key})
+
+
+def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random", seed: int = 0,
+                     force: bool = False, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build the tiny Qwen3 model into ``out_dir``; loadable offline by transformers and vLLM.
+
+    The model is built once per content key (sources + variant + seed + library
+    versions) into the cache and copied from there, so the trained variants cost
+    their training time once per machine.
+
+    Args:
+        out_dir: directory to write (created; must be empty or hold a tiny model).
+        variant: ``"random"`` (random weights, seconds), ``"trained"`` (thinks,
+            calls the offered tools, stops) or ``"stub"`` (always answers
+            ``<think>\\n\\n</think>\\n\\nOK.``).
+        seed: seeds the tokenizer corpus, the weights and the training data.
+        force: replace a tiny model already in ``out_dir``, and rebuild the cached copy.
+        cache_dir: where built models are kept; default ``default_cache_dir()``.
+
+    Returns:
+        The path of the model directory.
+
+    Raises:
+        ValueError: unknown variant.
+        FileExistsError: ``out_dir`` holds something other than a tiny model, or
+            another tiny model build and ``force`` is false.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny-model variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    out = Path(out_dir)
+    key = build_key(variant, seed)
+    if out.exists() and any(out.iterdir()):
+        marker = _read_marker(out)
+        if marker is None:
+            # Never delete a directory we did not write, even with force.
+            raise FileExistsError(f"{out} is not empty and holds no tiny model; choose another directory")
+        if marker.get("key") == key and not force:
+            return out
+        if not force:
+            raise FileExistsError(f"{out} holds another tiny model build ({marker.get('variant')}, "
+                                  f"seed {marker.get('seed')}); use force=True to replace it")
+
+    cached = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cached = cached / f"{variant}-{seed}-{key}"
+    if force or (_read_marker(cached) or {}).get("key") != key:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        # Build beside the cache entry and rename: a killed build leaves no half entry.
+        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
+        try:
+            _build_into(tmp, variant, seed, key)
+            shutil.rmtree(cached, ignore_errors=True)
+            os.replace(tmp, cached)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(cached, out)
+    return out
