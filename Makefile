@@ -1,0 +1,25 @@
+# install / demo / test / lint / bench. The README's test command is `make test`; CI runs it too.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test test-fast lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	scripts/install.sh $(VENV)
+	touch $@
+
+demo: install
+	$(PY) scripts/demo.py
+
+# Everything, against real Postgres, Redis, a moto S3 server, Celery workers and vLLM's CPU build.
+test: install
+	$(PY) -m pytest -q -rs
+
+# Unit tests only: no services, no engine.
+test-fast: install
+	$(PY) -m pytest -q tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check ledger producer worker tests scripts

