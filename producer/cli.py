@@ -146,15 +146,20 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
 @click.option("--lease-s", type=float, default=90.0, show_default=True,
               help="a running batch without heartbeat for this long may be taken over")
 @click.option("--max-attempts", type=int, default=3, show_default=True, help="failures before a batch is dead")
+@click.option("--heartbeat-s", type=float, default=15.0, show_default=True, help="lease refresh interval")
+@click.option("--reconcile-s", type=float, default=60.0, show_default=True,
+              help="how often this node offers to requeue lost batches (0: never)")
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
-def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, node_name, dry_run) -> None:
+def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
+           node_name, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
     from worker.launcher import parse_gpus, plan_processes, run_launcher
 
     plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
-                           extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts)])
+                           extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
+                                       "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s)])
     if dry_run:
         for p in plans:
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
@@ -185,6 +190,60 @@ def status(run_name: str | None, as_json: bool, database_url: str | None) -> Non
         click.echo(json.dumps({"runs": runs}, indent=2, default=str))
     else:
         click.echo(render_status(runs))
+
+
+@main.command()
+@click.option("--run", "run_name", default=None, help="one run (default: all)")
+@click.option("--lease-s", type=float, default=90.0, show_default=True,
+              help="running batches without a heartbeat for this long are presumed lost")
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@db_option
+@redis_option
+def requeue(run_name, lease_s, max_attempts, database_url, redis_url) -> None:
+    """Rebuild the queue from the ledger (after Redis was flushed or restarted empty)."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.dispatch import make_celery
+    from ledger.reconcile import requeue as do_requeue
+
+    settings = _settings(database_url, redis_url)
+    engine = make_engine(settings)
+    try:
+        report = do_requeue(make_sessionmaker(engine), make_celery(settings), run=run_name, lease_s=lease_s,
+                            max_attempts=max_attempts)
+    finally:
+        engine.dispose()
+    click.echo(f"{report.republished} batches published, {report.expired} lost leases expired "
+               f"({report.dead} of them now dead)")
+
+
+@main.command()
+@click.option("--run", "run_name", required=True)
+@click.option("--failed", is_flag=True, help="failed samples: into new batches")
+@click.option("--dead", is_flag=True, help="dead batches: queued again with their failures reset")
+@db_option
+@redis_option
+def retry(run_name, failed, dead, database_url, redis_url) -> None:
+    """Queue again, on request, what failed (never automatic)."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.dispatch import make_celery
+    from ledger.objects import ObjectStore
+
+    from .retry import retry_dead, retry_failed
+
+    if not (failed or dead):
+        raise click.UsageError("say what to retry: --failed and/or --dead")
+    settings = _settings(database_url, redis_url)
+    engine = make_engine(settings)
+    app = make_celery(settings)
+    try:
+        sessions = make_sessionmaker(engine)
+        if dead:
+            click.echo(f"{retry_dead(sessions, app, run_name)} dead batches queued again")
+        if failed:
+            r = retry_failed(sessions, app, ObjectStore(max_attempts=settings.s3_max_attempts), run_name)
+            click.echo(f"{r.failed_samples} failed samples queued again in {r.new_batches} new batches")
+    finally:
+        engine.dispose()
 
 
 if __name__ == "__main__":

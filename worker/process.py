@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-s", type=float, default=90.0)
     p.add_argument("--heartbeat-s", type=float, default=15.0)
     p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--reconcile-s", type=float, default=60.0)
     p.add_argument("--loglevel", default="INFO")
     return p
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     options = WorkerOptions(name=args.name, queues=tuple(q for q in args.queues.split(",") if q),
                             concurrency=args.concurrency, model=args.model,
                             engine_args=parse_engine_args(args.engine_arg), lease_s=args.lease_s,
-                            heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts)
+                            heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts,
+                            reconcile_s=args.reconcile_s)
     settings = Settings.from_env()
     runtime = WorkerRuntime(settings, options)
     app = make_celery(settings)
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runtime.start_heartbeats()
+    if options.reconcile_s > 0:
+        runtime.start_reconciler(app)
     if options.model:
         runtime.engine_for(options.model)
     app.worker_main([

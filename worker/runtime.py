@@ -40,6 +40,8 @@ class WorkerOptions:
     heartbeat_s: float = 15.0
     #: Failed attempts before a batch is declared dead (never retried in a loop).
     max_attempts: int = 3
+    #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
+    reconcile_s: float = 60.0
 
 
 class WrongModel(RuntimeError):
@@ -112,6 +114,20 @@ class WorkerRuntime:
                 log.warning("batches %s were taken over by a newer attempt; abandoning them", sorted(lost))
                 with self._held_lock:
                     self._lost |= lost & set(self._held)
+
+    # -- reconciler ---------------------------------------------------------------------------
+    def start_reconciler(self, app) -> None:
+        def loop() -> None:
+            from ledger.reconcile import reconcile_once
+
+            while not self.shutting_down.wait(self.options.reconcile_s):
+                try:
+                    reconcile_once(self.sessions, app, lease_s=self.options.lease_s,
+                                   max_attempts=self.options.max_attempts)
+                except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
+                    log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
+
+        threading.Thread(target=loop, name="reconciler", daemon=True).start()
 
     # -- shutdown ---------------------------------------------------------------------------
     def begin_shutdown(self) -> None:

@@ -1,0 +1,92 @@
+"""``regen retry``: run again, on request, what failed: dead batches or failed samples.
+
+Never automatic: a batch is dead or a sample failed for a recorded reason, and a
+human decides whether a retry can help (a fixed bug, a larger context). Sampling
+never changes on a retry (no raised temperature): the run's config is fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery import Celery
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.dispatch import BatchMessage, publish_batch
+from ledger.errors import ConfigError
+from ledger.models import Batch, Run
+from ledger.objects import ObjectStore
+from ledger.shards import decode_shard, encode_shard, input_shard_url
+
+
+@dataclass
+class RetryReport:
+    dead_batches: int = 0
+    failed_samples: int = 0
+    new_batches: int = 0
+
+
+def _run(session: Session, name: str) -> Run:
+    run = session.scalar(select(Run).where(Run.name == name))
+    if run is None:
+        raise ConfigError(f"no run named {name!r}")
+    return run
+
+
+def retry_dead(sessions: sessionmaker[Session], app: Celery, run_name: str) -> int:
+    with sessions.begin() as s:
+        run = _run(s, run_name)
+        rows = s.execute(text(
+            "UPDATE batches SET status = 'queued', failures = 0, enqueued_at = now() "
+            "WHERE run_id = :run AND status = 'dead' RETURNING id, seq, input_key"), {"run": run.id}).all()
+        if rows:
+            s.execute(text("UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'"),
+                      {"run": run.id})
+    for r in rows:
+        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key),
+                      queue=run.queue)
+    return len(rows)
+
+
+def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run_name: str) -> RetryReport:
+    """Move every failed sample into new batches (new input shards, new keys) and enqueue them."""
+    report = RetryReport()
+    with sessions() as s:
+        run = _run(s, run_name)
+        failed = s.execute(text(
+            "SELECT s.sample_id, b.input_key FROM samples s JOIN batches b ON b.id = s.batch_id "
+            "WHERE s.run_id = :run AND s.status = 'failed' ORDER BY b.seq, s.sample_id"), {"run": run.id}).all()
+        next_seq = (s.scalar(select(func.max(Batch.seq)).where(Batch.run_id == run.id)) or 0) + 1
+    if not failed:
+        return report
+    wanted: dict[str, set[str]] = {}
+    for r in failed:
+        wanted.setdefault(r.input_key, set()).add(r.sample_id)
+    rows = []
+    for key, ids in wanted.items():
+        rows.extend(row for row in decode_shard(store.get(key)) if row["sample_id"] in ids)
+    published = []
+    for i in range(0, len(rows), run.batch_size):
+        chunk = rows[i:i + run.batch_size]
+        seq = next_seq
+        next_seq += 1
+        key = input_shard_url(run.output_url, seq)
+        store.put(key, encode_shard(chunk))
+        with sessions.begin() as s:
+            batch = Batch(run_id=run.id, seq=seq, status="queued", input_key=key, n_samples=len(chunk), attempts=0)
+            s.add(batch)
+            s.flush()
+            s.execute(text(
+                "UPDATE samples SET status = 'pending', batch_id = :batch, error = NULL, updated_at = now() "
+                "WHERE run_id = :run AND sample_id = ANY(:ids) AND status = 'failed'"),
+                {"batch": batch.id, "run": run.id, "ids": [r["sample_id"] for r in chunk]})
+            s.execute(text("UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'"),
+                      {"run": run.id})
+            published.append((batch.id, seq, key))
+        report.failed_samples += len(chunk)
+    for batch_id, seq, key in published:
+        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=batch_id, seq=seq, input_key=key),
+                      queue=run.queue)
+    report.new_batches = len(published)
+    return report
