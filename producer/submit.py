@@ -170,7 +170,7 @@ class _Submitter:
             with raw.cursor() as cur, cur.copy(
                 "COPY samples (run_id, sample_id, batch_id, source_file, source_row, status) FROM STDIN"
             ) as copy:
-                for batch_id, (_, _, rows) in zip(batch_ids, planned):
+                for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True):
                     for r in rows:
                         copy.write_row((self.run.id, r["sample_id"], batch_id, r["source"]["file"],
                                         r["source"]["row"], "pending"))
@@ -181,7 +181,7 @@ class _Submitter:
                 self.unwritten.pop(r["sample_id"], None)
         self.report.batches_new += len(planned)
         self.report.samples_new += sum(len(p[2]) for p in planned)
-        self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned)])
+        self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned, strict=True)])
 
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
