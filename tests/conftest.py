@@ -3,4 +3,5 @@
 Service fixtures live in their own modules under tests/ and are loaded here as plugins.
 """
 
-pytest_plugins = ["tests.s3_fixtures", "tests.service_fixtures", "tests.model_fixtures", "tests.worker_fixtures"]
+pytest_plugins = ["tests.s3_fixtures", "tests.service_fixtures", "tests.model_fixtures", "tests.worker_fixtures",
+                  "tests.engine_fixtures"]

@@ -1,0 +1,29 @@
+"""pytest plugin: one in-process vLLM engine (the tiny model), shared by every test of the session.
+
+Loading takes ~20 s, so engine tests share this one. Tests that need a worker
+*process* (signals, restarts) use tests/worker_fixtures.py instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def engine_host(tiny_model):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from worker.engine import EngineHost
+
+    host = EngineHost(model=str(tiny_model), engine_args={"max_model_len": 4096})
+    host.start()
+    yield host
+    host.shutdown()
+
+
+@pytest.fixture(scope="session")
+def renderer(engine_host):
+    from worker.rendering import Renderer
+
+    return Renderer(engine_host.tokenizer, engine_host.max_model_len)

@@ -1,0 +1,209 @@
+"""The tiny model's tokenizer, chat template and builder (no vLLM, no services)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from worker import tiny_model
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "Local time",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_model.train_tokenizer(tiny_model.tokenizer_corpus(0))
+
+
+def render(tokenizer, messages, tools=None, **kwargs) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+
+
+def test_special_and_format_tokens_are_single_ids(tokenizer):
+    for token in tiny_model.SPECIAL_TOKENS + tiny_model.FORMAT_TOKENS:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        assert ids == [tokenizer.convert_tokens_to_ids(token)], token
+    # Inside text too: a parser can find <think> and <tool_call> by id.
+    ids = tokenizer.encode("ok<think>\nx</think>\n\n<tool_call>\n{}\n</tool_call>", add_special_tokens=False)
+    for token in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
+        assert tokenizer.convert_tokens_to_ids(token) in ids
+
+
+def test_format_tokens_survive_decoding_but_turn_tokens_do_not(tokenizer):
+    ids = tokenizer.encode("<think>\nhm\n</think>\n\nHi.<|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>\nhm\n</think>\n\nHi."
+
+
+def test_tokenizer_round_trips_text_json_and_code(tokenizer):
+    for text in ("Hello, world! 12.5 degrees", '{"city": "Paris", "n": [1, 2]}', "def f(x):\n    return x\n",
+                 "naïve café ✓"):
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_eos_and_pad_are_qwen3s(tokenizer):
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+
+
+def test_a_plain_conversation_renders_as_chatml(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert render(tokenizer, messages, add_generation_prompt=True) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_thinking_off_appends_an_empty_think_block(tokenizer):
+    messages = [{"role": "user", "content": "Hi"}]
+    on = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=True)
+    off = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=False)
+    assert on.endswith("<|im_start|>assistant\n")
+    assert off == on + "<think>\n\n</think>\n\n"
+    # Without the flag the template behaves as thinking on, as Qwen3's does.
+    assert render(tokenizer, messages, add_generation_prompt=True) == on
+
+
+def test_tools_go_into_the_system_block_after_the_system_prompt(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    text = render(tokenizer, messages, tools=[WEATHER_TOOL, TIME_TOOL], add_generation_prompt=True)
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert f"<tools>\n{json.dumps(WEATHER_TOOL)}\n{json.dumps(TIME_TOOL)}\n</tools>" in system
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in system
+    assert text.count("<|im_start|>system") == 1
+
+
+def test_tools_without_a_system_prompt_still_get_a_system_block(tokenizer):
+    text = render(tokenizer, [{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL])
+    assert text.startswith("<|im_start|>system\n# Tools\n")
+
+
+def test_an_agentic_turn_renders_calls_grouped_responses_and_current_reasoning(tokenizer):
+    messages = [
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Two tools.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            # A JSON string is tolerated and passed through.
+            {"type": "function", "function": {"name": "get_time", "arguments": '{"timezone": "CET"}'}}]},
+        {"role": "tool", "content": '{"temp": 12}'},
+        {"role": "tool", "content": "12:00"},
+        {"role": "assistant", "content": "12 C at noon.", "reasoning_content": "Both came back."},
+    ]
+    assert render(tokenizer, messages, tools=[WEATHER_TOOL]).split("</tool_call><|im_end|>\n", 1)[1] == (
+        "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nTwo tools.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "CET"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n{\"temp\": 12}\n</tool_response>\n"
+        "<tool_response>\n12:00\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nBoth came back.\n</think>\n\n12 C at noon.<|im_end|>\n")
+
+
+def test_a_call_after_text_is_on_its_own_line(tokenizer):
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Checking.", "tool_calls": [
+        {"function": {"name": "get_time", "arguments": {}}}]}, {"role": "user", "content": "y"}]
+    assert ('<|im_start|>assistant\nChecking.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'
+            "</tool_call><|im_end|>") in render(tokenizer, messages)
+
+
+def test_reasoning_of_turns_before_the_last_user_query_is_dropped(tokenizer):
+    messages = [
+        {"role": "user", "content": "First?"},
+        {"role": "assistant", "content": "One.", "reasoning_content": "old thoughts"},
+        {"role": "user", "content": "Second?"},
+        {"role": "assistant", "content": "Two.", "reasoning_content": "new thoughts"},
+    ]
+    text = render(tokenizer, messages)
+    assert "old thoughts" not in text
+    assert "<|im_start|>assistant\nOne.<|im_end|>" in text
+    assert "<|im_start|>assistant\n<think>\nnew thoughts\n</think>\n\nTwo.<|im_end|>" in text
+
+
+def test_inline_think_in_content_is_treated_as_reasoning(tokenizer):
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>\nold\n</think>\n\nA."},
+                {"role": "user", "content": "b"}]
+    assert "<|im_start|>assistant\nA.<|im_end|>" in render(tokenizer, messages)
+
+
+def test_a_final_assistant_turn_without_reasoning_gets_an_empty_think_block(tokenizer):
+    # This is what a thinking-off prompt makes the model produce, so training
+    # examples rendered this way match generation.
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A."}]
+    assert render(tokenizer, messages).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nA.<|im_end|>\n")
+
+
+def test_a_wrapped_tool_response_in_a_user_turn_does_not_count_as_a_query(tokenizer):
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "call it",
+         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "user", "content": "<tool_response>\n3 C\n</tool_response>"},
+    ]
+    assert "<think>\ncall it\n</think>" in render(tokenizer, messages, add_generation_prompt=True)
+
+
+def test_the_random_build_is_byte_for_byte_deterministic(tmp_path):
+    first = tiny_model.build_tiny_model(tmp_path / "a", cache_dir=tmp_path / "cache-a")
+    second = tiny_model.build_tiny_model(tmp_path / "b", cache_dir=tmp_path / "cache-b")
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= set(names)
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_another_seed_gives_other_weights(tmp_path):
+    a = tiny_model.build_tiny_model(tmp_path / "a", seed=0, cache_dir=tmp_path / "cache")
+    b = tiny_model.build_tiny_model(tmp_path / "b", seed=1, cache_dir=tmp_path / "cache")
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
+
+
+def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+    config = AutoConfig.from_pretrained(out, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    gen = GenerationConfig.from_pretrained(out, local_files_only=True)
+    assert config.model_type == "qwen3" and config.head_dim == 64
+    assert config.max_position_embeddings >= 8192
+    assert config.vocab_size == len(tok)
+    assert gen.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert (gen.temperature, gen.top_p, gen.top_k) == (0.6, 0.95, 20)
+    # The template travels inside tokenizer_config.json, not as a side file.
+    assert "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
+    assert tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                   add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+
+
+def test_a_second_build_reuses_the_directory_and_force_replaces_it(tmp_path):
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+    (out / "extra.txt").write_text("left by a user")
+    assert tiny_model.build_tiny_model(out, cache_dir=tmp_path / "cache") == out
+    assert (out / "extra.txt").exists()
+    tiny_model.build_tiny_model(out, force=True, cache_dir=tmp_path / "cache")
+    assert not (out / "extra.txt").exists()
+
+
+def test_a_directory_with_other_content_is_never_overwritten(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        tiny_model.build_tiny_model(tmp_path, force=True, cache_dir=tmp_path / "cache")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_another_build_in_the_directory_needs_force(tmp_path):
+    out = tiny_model.build_tiny_model(tmp_path / "m", seed=0, cache_dir=tmp_path / "cache")
+    with pytest.raises(FileExistsError):
+        tiny_model.build_tiny_model(out, seed=1, cache_dir=tmp_path / "cache")
+    tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=tmp_path / "cache")
+
+
+def test_an_unknown_variant_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="variant"):
+        tiny_model.build_tiny_model(tmp_path / "m", variant="huge")  # type: ignore[arg-type]
