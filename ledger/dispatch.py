@@ -40,6 +40,7 @@ class BatchMessage:
 
 def make_celery(settings: Settings, *, name: str = "regen") -> Celery:
     app = Celery(name, broker=settings.redis_url, set_as_current=False)
+    vt = settings.visibility_timeout_s or VISIBILITY_TIMEOUT_S
     app.conf.update(
         # JSON only: a pickle payload from a compromised producer must never execute.
         task_serializer="json",
@@ -54,14 +55,14 @@ def make_celery(settings: Settings, *, name: str = "regen") -> Celery:
         # One message reserved per free slot: a busy node must not hoard batches others could run.
         worker_prefetch_multiplier=1,
         broker_transport_options={
-            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "visibility_timeout": vt,
             # kombu >= 5.7: sweep for expired unacked messages every ~10 s instead of ~100 s.
             "unacked_restore_interval": 10,
             "unacked_restore_throttle": 1,
             "health_check_interval": 25,
             "socket_keepalive": True,
         },
-        visibility_timeout=VISIBILITY_TIMEOUT_S,
+        visibility_timeout=vt,
         # After a broker connection loss the unacked message is redelivered elsewhere;
         # stop our copy instead of running it twice.
         worker_cancel_long_running_tasks_on_connection_loss=True,

@@ -46,12 +46,25 @@ def redact(url: str) -> str:
     return f"{scheme}://{creds}@{host}"
 
 
+def _float_env(name: str) -> float | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError as e:
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from e
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str = DEFAULT_REDIS_URL
     #: Attempts for one S3 call on transient errors (5xx, throttling, timeouts).
     s3_max_attempts: int = 8
+    #: The broker's redelivery timeout; None = ledger/dispatch.py's default. Must be the
+    #: same on every worker of a broker (the shortest wins). Tests shorten it.
+    visibility_timeout_s: float | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -59,6 +72,7 @@ class Settings:
         settings = cls(
             database_url=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL),
             redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+            visibility_timeout_s=_float_env("REGEN_VISIBILITY_TIMEOUT_S"),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings

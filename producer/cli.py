@@ -149,17 +149,20 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
 @click.option("--heartbeat-s", type=float, default=15.0, show_default=True, help="lease refresh interval")
 @click.option("--reconcile-s", type=float, default=60.0, show_default=True,
               help="how often this node offers to requeue lost batches (0: never)")
+@click.option("--requeue-grace-s", type=float, default=300.0, show_default=True,
+              help="queued batches wait this long before the reconciler republishes them (broker empty only)")
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           node_name, dry_run) -> None:
+           requeue_grace_s, node_name, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
     from worker.launcher import parse_gpus, plan_processes, run_launcher
 
     plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
                            extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
-                                       "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s)])
+                                       "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s),
+                                       "--requeue-grace-s", str(requeue_grace_s)])
     if dry_run:
         for p in plans:
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-s", type=float, default=15.0)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--reconcile-s", type=float, default=60.0)
+    p.add_argument("--requeue-grace-s", type=float, default=300.0)
     p.add_argument("--loglevel", default="INFO")
     return p
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                             concurrency=args.concurrency, model=args.model,
                             engine_args=parse_engine_args(args.engine_arg), lease_s=args.lease_s,
                             heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts,
-                            reconcile_s=args.reconcile_s)
+                            reconcile_s=args.reconcile_s, requeue_grace_s=args.requeue_grace_s)
     settings = Settings.from_env()
     runtime = WorkerRuntime(settings, options)
     app = make_celery(settings)

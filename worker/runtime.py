@@ -42,6 +42,9 @@ class WorkerOptions:
     max_attempts: int = 3
     #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
     reconcile_s: float = 60.0
+    #: A queued batch is republished by the reconciler only when the broker holds no
+    #: message at all and the batch has waited this long (its message may be in flight).
+    requeue_grace_s: float = 300.0
 
 
 class WrongModel(RuntimeError):
@@ -123,7 +126,7 @@ class WorkerRuntime:
             while not self.shutting_down.wait(self.options.reconcile_s):
                 try:
                     reconcile_once(self.sessions, app, lease_s=self.options.lease_s,
-                                   max_attempts=self.options.max_attempts)
+                                   max_attempts=self.options.max_attempts, grace_s=self.options.requeue_grace_s)
                 except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
                     log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
 
