@@ -4,4 +4,4 @@ Service fixtures live in their own modules under tests/ and are loaded here as p
 """
 
 pytest_plugins = ["tests.s3_fixtures", "tests.service_fixtures", "tests.model_fixtures", "tests.worker_fixtures",
-                  "tests.engine_fixtures"]
+                  "tests.engine_fixtures", "tests.fault_report"]
