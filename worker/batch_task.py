@@ -74,8 +74,14 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         time.sleep(5)  # do not spin on a message this worker can never run
         raise Requeue(str(e)) from e
     except EngineDead as e:
-        _record_failure(rt, msg, attempt, f"engine died: {e}")
-        rt.request_exit("the engine died")
+        # Every batch in flight sees the death; only the first is charged a failure
+        # (a batch that kills the engine every time still dies after max attempts),
+        # the others are handed back untouched.
+        if rt.first_to_see_engine_death():
+            _record_failure(rt, msg, attempt, f"engine died: {e}")
+            rt.request_exit("the engine died")
+        else:
+            release_batch(rt.sessions, msg.batch_id, attempt, reason="handed back: the engine died")
         raise Requeue("engine died") from e
     except StoreError as e:
         status = _record_failure(rt, msg, attempt, f"object store ({'transient' if e.transient else 'permanent'}"

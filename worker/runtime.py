@@ -66,6 +66,7 @@ class WorkerRuntime:
         self._lost: set[int] = set()
         self._held_lock = threading.Lock()
         self._hb_thread: threading.Thread | None = None
+        self._engine_death_seen = False
 
     # -- engine ---------------------------------------------------------------------------
     def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
@@ -135,6 +136,11 @@ class WorkerRuntime:
     # -- shutdown ---------------------------------------------------------------------------
     def begin_shutdown(self) -> None:
         self.shutting_down.set()
+
+    def first_to_see_engine_death(self) -> bool:
+        with self._held_lock:
+            first, self._engine_death_seen = not self._engine_death_seen, True
+            return first
 
     def request_exit(self, why: str) -> None:
         """Ask Celery for a warm shutdown (in-flight batches are handed back); the launcher restarts us."""

@@ -1,0 +1,238 @@
+"""Faults one worker must survive, each injected for real: S3 errors through a fault proxy, poison
+samples and shards, a Postgres restart mid-commit, a disallowed message, an engine killed like an OOM.
+
+One worker process serves the whole module (an engine load costs ~20-60 s); each
+test uses its own run. The worker talks to S3 through the fault proxy; the test
+itself talks to moto directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+import redis as redis_lib
+from sqlalchemy import text
+
+from ledger.db import make_engine, make_sessionmaker
+from ledger.dispatch import TASK_NAME, make_celery
+from ledger.objects import ObjectStore
+from ledger.settings import Settings
+from tests.fault_report import account
+from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
+from tests.helpers import ROOT, run_cli, wait_for
+from tests.s3_fault_proxy import FaultProxy
+from tests.service_fixtures import REDIS_URL
+from tests.worker_fixtures import WorkerProc
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+SECRET = "regen-secret-must-never-be-logged-" + uuid.uuid4().hex[:8]
+QUEUE = "faults"
+
+
+@pytest.fixture(scope="module")
+def farm(pg_database, moto_server, tiny_model, tmp_path_factory):
+    """One worker behind an S3 fault proxy, with credentials the test can look for in every output."""
+    import boto3
+
+    tmp = tmp_path_factory.mktemp("farm")
+    bucket = f"regen-faults-{uuid.uuid4().hex[:10]}"
+    direct = {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "faultkey", "AWS_SECRET_ACCESS_KEY": SECRET,
+              "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+              "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    boto3.client("s3", endpoint_url=moto_server, aws_access_key_id="faultkey", aws_secret_access_key=SECRET,
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    proxy = FaultProxy(moto_server).start()
+    settings = Settings(database_url=pg_database, redis_url=REDIS_URL)
+    env = {**os.environ, **direct, "DATABASE_URL": pg_database, "REDIS_URL": REDIS_URL, "PYTHONUNBUFFERED": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    worker_env = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url}
+    log_path = tmp / "worker.log"
+    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
+                             "--queue", QUEUE, "--node-name", "f", "--model", str(tiny_model), "--engine-arg",
+                             "max_model_len=4096", *FAST_RECOVERY], env=worker_env, cwd=ROOT,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            start_new_session=True)
+    worker = WorkerProc(name="f", proc=proc, log_path=log_path, env=worker_env)
+    engine = make_engine(settings)
+    old_env = {k: os.environ.get(k) for k in direct}
+    os.environ.update(direct)
+    try:
+        worker.wait_ready()
+        yield {"env": env, "bucket": f"s3://{bucket}", "proxy": proxy, "worker": worker, "tmp": tmp,
+               "sessions": make_sessionmaker(engine), "settings": settings, "model": str(tiny_model)}
+    finally:
+        worker.stop(timeout_s=60)
+        for p in worker.tree():
+            p.kill()
+        proxy.close()
+        engine.dispose()
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _submit(farm, run: str, n: int, *, batch_size: int = 4, max_tokens: int = 32, long_every: int = 0,
+            queue: str = QUEUE):
+    data = farm["tmp"] / f"{run}.jsonl"
+    ids = write_prompts(data, n, prefix=run[:3], long_every=long_every)
+    run_cli(["submit", str(data), "--run", run, "--model", farm["model"], "--output", f"{farm['bucket']}/{run}",
+             "--batch-size", str(batch_size), "--max-tokens", str(max_tokens), "--queue", queue], farm["env"])
+    return ids
+
+
+def _wait_settled(farm, run: str, timeout_s: float = 300):
+    wait_for(lambda: settled(farm["sessions"], run), timeout_s=timeout_s, what=f"run {run} settled", interval_s=0.5,
+             on_timeout=lambda: f"{batches_by_status(farm['sessions'], run)}\n{farm['worker'].log()[-5000:]}")
+
+
+def _status(farm, run: str) -> dict:
+    return json.loads(run_cli(["status", "--run", run, "--json"], farm["env"]).stdout)["runs"][0]
+
+
+def test_transient_s3_errors_are_retried_and_nothing_is_lost(farm, fault_report):
+    proxy = farm["proxy"]
+    proxy.fail_next(4, status=503, code="SlowDown", method="PUT")
+    proxy.fail_next(2, status=500, code="InternalError", method="HEAD")
+    ids = _submit(farm, "s3-transient", 16)
+    _wait_settled(farm, "s3-transient")
+    row = fault_report("S3 5xx/throttling on uploads", account(farm["sessions"], "s3-transient", expected_ids=ids))
+    assert proxy.count(method="PUT", outcome="injected") >= 4
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
+
+
+def test_a_permanent_s3_error_fails_the_batch_loudly_then_it_is_dead(farm, fault_report):
+    proxy = farm["proxy"]
+    proxy.fail_next(1000, status=403, code="AccessDenied", method="PUT")
+    try:
+        ids = _submit(farm, "s3-denied", 4)
+        _wait_settled(farm, "s3-denied")
+    finally:
+        proxy.clear()
+    status = _status(farm, "s3-denied")
+    assert status["batches"]["dead"] == 1
+    [err] = status["batch_errors"]
+    assert err["status"] == "dead" and "AccessDenied" in err["error"] and "permanent" in err["error"]
+    # A permanent error is not retried inside an attempt: one PUT per attempt (max-attempts 2).
+    assert proxy.count(method="PUT", outcome="injected") <= 2 + 4  # + earlier test's transient ones
+    row = fault_report("S3 access denied on upload (permanent)",
+                       account(farm["sessions"], "s3-denied", expected_ids=ids))
+    assert row.lost == len(ids) and row.done == 0  # pending in a dead batch: visible, never silently acked
+
+
+def test_poison_samples_fail_alone_and_a_poison_shard_dies_after_its_attempts(farm, fault_report):
+    ids = _submit(farm, "poison", 12, long_every=5)                 # samples 0, 5, 10 exceed the context
+    _wait_settled(farm, "poison")
+    status = _status(farm, "poison")
+    assert status["samples"]["failed"] == 3 and status["samples"]["done"] == 9
+    assert status["failed_reasons"] == {"prompt_too_long": 3}
+    row = fault_report("poison samples (prompt > context)", account(farm["sessions"], "poison", expected_ids=ids))
+    assert (row.done, row.failed, row.lost) == (9, 3, 0)
+
+    # retry --failed queues them again on request (same sampling), and they fail again for the same reason.
+    out = run_cli(["retry", "--run", "poison", "--failed"], farm["env"]).stdout
+    assert "3 failed samples queued again in 1 new batches" in out
+    _wait_settled(farm, "poison")
+    with farm["sessions"]() as s:
+        rows = s.execute(text("SELECT b.seq, s.error FROM samples s JOIN batches b ON b.id = s.batch_id "
+                              "WHERE s.status = 'failed' AND s.run_id = (SELECT id FROM runs WHERE name = 'poison')")
+                         ).all()
+    assert len(rows) == 3 and {r.seq for r in rows} == {4} and all(r.error.startswith("prompt_too_long") for r in rows)
+
+
+def test_a_corrupt_input_shard_kills_only_its_batch_after_max_attempts(farm, fault_report):
+    # Submitted to a queue no worker reads, so the shard can be damaged before any worker sees it.
+    ids = _submit(farm, "corrupt", 8, batch_size=4, queue="held")
+    ObjectStore().put(f"{farm['bucket']}/corrupt/inputs/batch-000002.jsonl.zst", b"\x28\xb5\x2f\xfd garbage")
+    with farm["sessions"].begin() as s:
+        s.execute(text("UPDATE runs SET queue = :q WHERE name = 'corrupt'"), {"q": QUEUE})
+    run_cli(["requeue", "--run", "corrupt"], farm["env"])
+    _wait_settled(farm, "corrupt")
+    assert batches_by_status(farm["sessions"], "corrupt") == {"done": 1, "dead": 1}
+    [err] = _status(farm, "corrupt")["batch_errors"]
+    assert err["failures"] == 2 and "ShardError" in err["error"]
+    row = fault_report("corrupt input shard", account(farm["sessions"], "corrupt", expected_ids=ids))
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (4, 4, 0, 0)
+
+
+def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_again(farm, fault_report):
+    cluster = sorted(os.listdir("/etc/postgresql"))[0] if os.path.isdir("/etc/postgresql") else None
+    if cluster is None:
+        pytest.skip("no local Postgres cluster to restart")
+    ids = _submit(farm, "pg-restart", 8, batch_size=8, max_tokens=160)
+    store = ObjectStore()
+    out_key = f"{farm['bucket']}/pg-restart/outputs/batch-000001.jsonl.zst"
+    wait_for(lambda: batches_by_status(farm["sessions"], "pg-restart").get("running"), timeout_s=120,
+             what="the batch running", interval_s=0.1)
+    farm["sessions"].kw["bind"].dispose()
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "stop", "-m", "fast"], check=True)
+    try:
+        # The worker generates and uploads while the ledger is down; its commit waits with back-off.
+        wait_for(lambda: store.exists(out_key), timeout_s=240, what="the output shard uploaded", interval_s=0.5,
+                 on_timeout=lambda: farm["worker"].log()[-4000:])
+        time.sleep(3)
+    finally:
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "start"], check=True)
+    _wait_settled(farm, "pg-restart", timeout_s=180)
+    with farm["sessions"]() as s:
+        b = s.execute(text("SELECT attempts, output_sha256 FROM batches b JOIN runs r ON r.id = b.run_id "
+                           "WHERE r.name = 'pg-restart'")).one()
+    assert b.attempts == 1, "the uploaded batch must be committed, not generated again"
+    from ledger.objects import sha256_hex
+
+    assert b.output_sha256 == sha256_hex(store.get(out_key))
+    assert "ledger write" in farm["worker"].log()   # the retries were logged
+    row = fault_report("Postgres stopped during a batch", account(farm["sessions"], "pg-restart", expected_ids=ids))
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (8, 0, 0, 0)
+
+
+def test_a_pickled_message_is_refused_and_secrets_appear_nowhere(farm):
+    app = make_celery(farm["settings"])
+    app.send_task(TASK_NAME, kwargs={"run": "x", "run_id": 1, "batch_id": 999999, "seq": 1, "input_key": "s3://x/y"},
+                  queue=QUEUE, serializer="pickle")
+    wait_for(lambda: "disallowed" in farm["worker"].log().lower(), timeout_s=30,
+             what="the worker refusing a pickle message", interval_s=0.5)
+    with farm["sessions"]() as s:
+        assert s.execute(text("SELECT count(*) FROM batches WHERE id = 999999")).scalar() == 0
+        ledger_text = " ".join(str(v) for row in s.execute(text(
+            "SELECT b.error, b.input_key, b.output_key, r.provenance::text, r.sampling::text FROM batches b "
+            "JOIN runs r ON r.id = b.run_id")) for v in row)
+    queued = b" ".join(redis_lib.Redis.from_url(REDIS_URL).lrange(QUEUE, 0, -1))
+    for where, blob in (("worker log", farm["worker"].log()), ("ledger", ledger_text), ("broker", queued.decode())):
+        assert SECRET not in blob, f"the S3 secret leaked into the {where}"
+        assert "faultkey" not in blob, f"the S3 access key leaked into the {where}"
+
+
+def test_an_engine_killed_like_an_oom_sends_its_batch_back_and_the_worker_restarts(farm, fault_report):
+    worker = farm["worker"]
+    ids = _submit(farm, "oom", 16, batch_size=4, max_tokens=200)
+    wait_for(lambda: batches_by_status(farm["sessions"], "oom").get("running"), timeout_s=120,
+             what="batches running", interval_s=0.1)
+    engines = [p for p in worker.tree() if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+    assert engines, [(p.pid, p.name()) for p in worker.tree()]
+    before = len([line for line in worker.log().splitlines() if "started cpu0@f" in line])
+    engines[0].kill()
+    _wait_settled(farm, "oom", timeout_s=600)
+    log = worker.log()
+    assert len([line for line in log.splitlines() if "started cpu0@f" in line]) == before + 1, \
+        "the launcher restarts the worker process once"
+    assert "the engine died" in log
+    assert worker.proc.poll() is None, "the launcher itself keeps running"
+    with farm["sessions"]() as s:
+        failures = s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
+                                  "WHERE r.name = 'oom'")).scalar()
+    assert failures <= 1, "one engine death charges at most one batch"
+    row = fault_report("engine process killed (OOM)", account(farm["sessions"], "oom", expected_ids=ids))
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
+    assert not [p for p in psutil.process_iter(["ppid"]) if p.info["ppid"] == 1 and "EngineCore" in p.name()]
+
+
