@@ -13,7 +13,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def engine_host(tiny_model):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from tests.worker_fixtures import TEST_ENGINE_ENV
+
+    for key, value in TEST_ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
     from worker.engine import EngineHost
 
     host = EngineHost(model=str(tiny_model), engine_args={"max_model_len": 4096})

@@ -20,8 +20,9 @@ from ledger.db import make_engine, make_sessionmaker
 from ledger.settings import Settings
 
 ADMIN_DSN = os.environ.get("REGEN_TEST_PG", "postgresql://127.0.0.1:5432/test")
-#: A Redis database number of its own, flushed per test, so the developer's db 0 is untouched.
-REDIS_URL = os.environ.get("REGEN_TEST_REDIS", "redis://127.0.0.1:6379/9")
+#: A Redis database of its own, flushed per test, so the developer's db 0 is untouched. Chosen per
+#: test session (1-15), so two sessions on one machine (CI and a developer) rarely share one.
+REDIS_URL = os.environ.get("REGEN_TEST_REDIS", f"redis://127.0.0.1:6379/{1 + os.getpid() % 15}")
 
 
 def _unavailable(what: str, error: Exception):

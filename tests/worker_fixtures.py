@@ -21,7 +21,12 @@ import psutil
 import pytest
 
 #: vLLM's CPU build loads the tiny model in ~20 s alone; two at once on two cores take longer.
-READY_TIMEOUT_S = 240.0
+READY_TIMEOUT_S = 300.0
+
+#: vLLM's CPU build pins every engine's compute threads to core 0 by default ("auto" binding,
+#: one core reserved for the frontend). Several engines in one test would then share one core
+#: while the other idles; let the OS place them instead.
+TEST_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 @dataclass
@@ -85,7 +90,7 @@ def start_worker(settings, s3_env, tiny_model, tmp_path) -> Iterator:
         name = name or f"w{len(started)}-{uuid.uuid4().hex[:4]}"
         log_path = tmp_path / f"worker-{name}.log"
         full_env = {**os.environ, **s3_env, "DATABASE_URL": settings.database_url,
-                    "REDIS_URL": settings.redis_url, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1",
+                    "REDIS_URL": settings.redis_url, "PYTHONUNBUFFERED": "1", **TEST_ENGINE_ENV,
                     **(env or {})}
         argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency",
                 str(concurrency), "--node-name", name, "--model", model or str(tiny_model), "--engine-arg", "max_model_len=4096",

@@ -29,7 +29,7 @@ from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_p
 from tests.helpers import ROOT, run_cli, wait_for
 from tests.s3_fault_proxy import FaultProxy
 from tests.service_fixtures import REDIS_URL
-from tests.worker_fixtures import WorkerProc
+from tests.worker_fixtures import TEST_ENGINE_ENV, WorkerProc
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def farm(pg_database, moto_server, tiny_model, tmp_path_factory):
     proxy = FaultProxy(moto_server).start()
     settings = Settings(database_url=pg_database, redis_url=REDIS_URL)
     env = {**os.environ, **direct, "DATABASE_URL": pg_database, "REDIS_URL": REDIS_URL, "PYTHONUNBUFFERED": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
+           **TEST_ENGINE_ENV}
     worker_env = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url}
     log_path = tmp / "worker.log"
     proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",

@@ -1,0 +1,96 @@
+"""``regen submit`` against the real ledger, broker and object store (no engine needed)."""
+
+from __future__ import annotations
+
+import json
+
+import redis as redis_lib
+from sqlalchemy import text
+
+from tests.helpers import cli_env, run_cli
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _user(i):
+    return {"id": f"u{i}", "messages": [{"role": "user", "content": f"hello {i}"}]}
+
+
+def test_every_bad_row_is_recorded_with_file_line_and_reason_and_the_rest_goes_on(settings, s3_env, s3_bucket,
+                                                                                   sessions, tmp_path):
+    data = _write(tmp_path / "mixed.jsonl", [
+        _user(1), "{not json", {"messages": [{"role": "wizard", "content": "x"}]}, _user(2),
+        {"messages": [{"role": "assistant", "content": "no question"}]}, {"messages": "nope"}, _user(1)])
+    out = run_cli(["submit", str(data), "--run", "mixed", "--model", "m", "--output", f"{s3_bucket}/mixed",
+                   "--json"], cli_env(settings, s3_env))
+    report = json.loads(out.stdout)
+    assert (report["samples_new"], report["rejected"], report["duplicates"]) == (2, 4, 1)
+    with sessions() as s:
+        rows = s.execute(text("SELECT source_row, reason FROM rejected_rows ORDER BY source_row")).all()
+    assert [(r.source_row, r.reason) for r in rows] == [
+        (2, "malformed_json"), (3, "unknown_role"), (5, "no_user_turn"), (6, "wrong_type"), (7, "duplicate_id")]
+
+
+def test_a_different_config_under_an_existing_run_name_is_refused(settings, s3_env, s3_bucket, tmp_path):
+    env = cli_env(settings, s3_env)
+    data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(3)])
+    base = ["submit", str(data), "--run", "r", "--model", "m", "--output", f"{s3_bucket}/r"]
+    run_cli(base + ["--temperature", "0.7"], env)
+    refused = run_cli(base + ["--temperature", "0.9"], env, check=False)
+    assert refused.returncode == 2
+    assert "temperature 0.7 != 0.9" in refused.stderr and "new run name" in refused.stderr
+    other_model = run_cli(["submit", str(data), "--run", "r", "--model", "other", "--output", f"{s3_bucket}/r",
+                           "--temperature", "0.7"], env, check=False)
+    assert other_model.returncode == 2 and "model" in other_model.stderr
+
+
+def test_a_submit_that_could_not_publish_is_finished_by_running_it_again(settings, s3_env, s3_bucket, sessions,
+                                                                        tmp_path):
+    env = cli_env(settings, s3_env)
+    data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(10)])
+    args = ["submit", str(data), "--run", "r", "--model", "m", "--output", f"{s3_bucket}/r", "--batch-size", "4",
+            "--json"]
+    # The broker is down: rows and shards are committed, the batches stay planned.
+    broken = run_cli(args, {**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=False)
+    assert broken.returncode != 0
+    with sessions() as s:
+        assert dict(s.execute(text("SELECT status, count(*) FROM batches GROUP BY status")).all()) == {"planned": 3}
+    again = json.loads(run_cli(args, env).stdout)
+    assert again["batches_republished"] == 3 and again["samples_new"] == 0 and again["samples_known"] == 10
+    assert redis_lib.Redis.from_url(settings.redis_url).llen("regen") == 3
+    with sessions() as s:
+        assert dict(s.execute(text("SELECT status, count(*) FROM batches GROUP BY status")).all()) == {"queued": 3}
+
+
+def test_new_rows_appended_to_a_dataset_become_new_batches_on_resubmit(settings, s3_env, s3_bucket, sessions,
+                                                                      tmp_path):
+    env = cli_env(settings, s3_env)
+    data = tmp_path / "grow.jsonl"
+    args = ["submit", str(data), "--run", "g", "--model", "m", "--output", f"{s3_bucket}/g", "--batch-size", "4",
+            "--json"]
+    _write(data, [_user(i) for i in range(6)])
+    first = json.loads(run_cli(args, env).stdout)
+    _write(data, [_user(i) for i in range(9)])
+    second = json.loads(run_cli(args, env).stdout)
+    assert (first["samples_new"], first["batches_new"]) == (6, 2)
+    assert (second["samples_new"], second["batches_new"], second["samples_known"]) == (3, 1, 6)
+    with sessions() as s:
+        seqs = [r[0] for r in s.execute(text("SELECT seq FROM batches ORDER BY seq"))]
+    assert seqs == [1, 2, 3]
+    assert redis_lib.Redis.from_url(settings.redis_url).llen("regen") == 3
+
+
+def test_a_message_carries_only_ids_and_the_shard_key(settings, s3_env, s3_bucket, tmp_path):
+    env = cli_env(settings, s3_env)
+    data = _write(tmp_path / "a.jsonl", [{"id": "secret-prompt", "messages": [
+        {"role": "user", "content": "THE PROMPT TEXT MUST NOT BE IN REDIS"}]}])
+    run_cli(["submit", str(data), "--run", "ids", "--model", "m", "--output", f"{s3_bucket}/ids"], env)
+    [raw] = redis_lib.Redis.from_url(settings.redis_url).lrange("regen", 0, -1)
+    message = json.loads(raw)
+    assert message["content-type"] == "application/json"
+    assert b"THE PROMPT TEXT" not in raw
+    body = json.loads(__import__("base64").b64decode(message["body"]))
+    assert set(body[1]) == {"run", "run_id", "batch_id", "seq", "input_key"}
