@@ -9,6 +9,7 @@ record: its commit finds no row and it acknowledges without writing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import Enum
 
@@ -109,7 +110,7 @@ def fail_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, 
 
 
 def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
-                 output_sha256: str, rows: list[dict]) -> bool:
+                 output_sha256: str, rows: list[dict], provenance: dict | None = None) -> bool:
     """Record a finished batch and all its samples in one transaction. False if fenced off."""
     prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in rows)
     completion_tokens = sum(r["usage"]["completion_tokens"] for r in rows)
@@ -139,6 +140,11 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
                 "prompt_tokens = :pt, completion_tokens = :ct, reasoning_tokens = :rt, answer_tokens = :at, "
                 "tool_calls = :tc, output_key = :key, error = :error, updated_at = now() "
                 "WHERE run_id = :run AND sample_id = :sid AND status <> 'done'"), sample_params)
+            if provenance:
+                # The run record names the engine and chat template its first batch used.
+                s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
+                               "CAST(:prov AS jsonb) WHERE id = :run AND NOT coalesce(provenance, '{}'::jsonb) "
+                               "? 'chat_template_sha256'"), {"run": run_id, "prov": json.dumps(provenance)})
             s.execute(text(
                 "UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND NOT EXISTS "
                 "(SELECT 1 FROM batches WHERE run_id = :run AND status NOT IN ('done', 'dead'))"),

@@ -127,6 +127,7 @@ def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
 
 def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int) -> Outcome:
     out_url = output_shard_url(run["output_url"], msg.seq)
+    provenance = None
     existing = rt.store.head(out_url)
     if existing is not None:
         # An earlier attempt uploaded but never committed (crash, Postgres outage):
@@ -140,6 +141,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
                                          "chat_template_sha256": renderer.template_hash,
                                          "config_hash": run["config_hash"]}}
+        provenance = {k: run_ctx["provenance"][k] for k in ("engine", "chat_template_sha256")}
         future = engine.submit(generate_batch(engine, renderer, samples, run_ctx))
         rows = _wait(rt, msg.batch_id, future)
         if rt.is_lost(msg.batch_id):
@@ -151,7 +153,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
             data = rt.store.get(out_url)
             rows = list(decode_shard(data))
     ok = commit_batch(rt.sessions, run_id=run["id"], batch_id=msg.batch_id, attempt=attempt, output_key=out_url,
-                      output_sha256=sha256_hex(data), rows=rows)
+                      output_sha256=sha256_hex(data), rows=rows, provenance=provenance)
     if not ok:
         raise _Fenced()
     done = sum(r["status"] == "done" for r in rows)
