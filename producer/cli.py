@@ -151,14 +151,16 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
               help="how often this node offers to requeue lost batches (0: never)")
 @click.option("--requeue-grace-s", type=float, default=300.0, show_default=True,
               help="queued batches wait this long before the reconciler republishes them (broker empty only)")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="engine and worker metrics on this port + process index (0: off)")
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           requeue_grace_s, node_name, dry_run) -> None:
+           requeue_grace_s, metrics_port, node_name, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
     from worker.launcher import parse_gpus, plan_processes, run_launcher
 
-    plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, concurrency=concurrency, model=model,
+    plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, metrics_port=metrics_port, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
                            extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
                                        "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s),
@@ -173,10 +175,18 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
 
 @main.command()
 @click.option("--run", "run_name", default=None, help="one run (default: all)")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable, see docs/status.md")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable, see docs/formats.md")
+@click.option("--watch", is_flag=True, help="live view, redrawn every --interval seconds until Ctrl-C")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between redraws (--watch)")
 @db_option
-def status(run_name: str | None, as_json: bool, database_url: str | None) -> None:
+def status(run_name: str | None, as_json: bool, watch: bool, interval: float, database_url: str | None) -> None:
     """Samples by status, rejected rows and why, tokens, throughput, ETA."""
+    if watch:
+        if as_json:
+            raise click.UsageError("--watch and --json do not mix")
+        from .watch import watch_status
+
+        sys.exit(watch_status(_settings(database_url), run_name, interval_s=interval))
     from ledger.db import make_engine, make_sessionmaker
 
     from .status import render_status, run_status
@@ -247,6 +257,50 @@ def retry(run_name, failed, dead, database_url, redis_url) -> None:
             click.echo(f"{r.failed_samples} failed samples queued again in {r.new_batches} new batches")
     finally:
         engine.dispose()
+
+
+@main.command()
+@click.option("--port", type=int, default=9464, show_default=True, help="HTTP port of /metrics")
+@click.option("--address", default="0.0.0.0", show_default=True, help="address to listen on")
+@click.option("--queue", "queues", multiple=True, help="a broker queue to measure besides every run's (repeatable)")
+@db_option
+@redis_option
+def metrics(port: int, address: str, queues: tuple[str, ...], database_url: str | None, redis_url: str | None) -> None:
+    """Serve Prometheus metrics computed from the ledger and the broker on each scrape."""
+    from .metrics import serve
+
+    click.echo(f"regen metrics on http://{address}:{port}/metrics")
+    sys.exit(serve(_settings(database_url, redis_url), port=port, addr=address, queues=queues))
+
+
+@main.command()
+@click.option("--run", "run_name", required=True)
+@click.option("--ledger", "delete_ledger", is_flag=True,
+              help="also delete the run's rows (runs, batches, samples, rejected_rows)")
+@click.option("--yes", is_flag=True, help="delete; without it, only show what would be deleted")
+@click.option("--force", is_flag=True, help="even if batches are still waiting or running")
+@db_option
+def clean(run_name: str, delete_ledger: bool, yes: bool, force: bool, database_url: str | None) -> None:
+    """Delete a run's objects (its whole output prefix) and, with --ledger, its ledger rows."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.objects import ObjectStore
+
+    from .clean import clean_run, describe_plan, plan_clean
+
+    settings = _settings(database_url)
+    engine = make_engine(settings)
+    try:
+        sessions = make_sessionmaker(engine)
+        store = ObjectStore(max_attempts=settings.s3_max_attempts)
+        if not yes:
+            click.echo(describe_plan(plan_clean(sessions, store, run_name), delete_ledger=delete_ledger))
+            click.echo("nothing deleted: add --yes to delete")
+            return
+        report = clean_run(sessions, store, run_name, delete_ledger=delete_ledger, force=force)
+    finally:
+        engine.dispose()
+    click.echo(f"run {run_name}: {report.objects_deleted:,} objects deleted, ledger rows "
+               + ("deleted" if report.ledger_deleted else "kept"))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,11 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "SELECT seq, status, failures, error FROM batches WHERE run_id = :run AND error IS NOT NULL "
             "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10"),
             {"run": rid}).mappings()]
+        # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
         workers = [dict(r) for r in session.execute(text(
-            "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at FROM batches "
+            "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
+            "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
+            "sum(n_samples) AS samples FROM batches "
             "WHERE run_id = :run AND status = 'running' GROUP BY worker ORDER BY worker"), {"run": rid}).mappings()]
         recent = (float(recent[0]), float(recent[1]), int(recent[2]))
         window_s = float(RECENT_WINDOW_S)
@@ -78,6 +81,8 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "config_hash": run["config_hash"],
             "created_at": run["created_at"].isoformat(),
             "samples": samples,
+            # Pending samples of running batches: being generated right now.
+            "samples_in_flight": sum(int(w["samples"] or 0) for w in workers),
             "rejected_reasons": {k: v for k, v in sorted(reasons.items()) if k != "duplicate_id"},
             "failed_reasons": sample_failures,
             "batches": batches,
@@ -88,11 +93,36 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
                 "samples_per_s": round(samples_per_s, 3),
                 "eta_s": round(remaining / samples_per_s) if samples_per_s > 0 and remaining else None,
             },
+            # Added for issue 6 (estimates): total tokens projected from the samples done so far.
+            "projection": token_projection(session, rid, samples, recent[0] / window_s if recent[2] else 0.0),
             "batch_errors": batch_errors,
-            "workers": [{**w, "heartbeat_at": w["heartbeat_at"].isoformat() if w["heartbeat_at"] else None}
-                        for w in workers],
+            "workers": [{**w, "heartbeat_at": w["heartbeat_at"].isoformat() if w["heartbeat_at"] else None,
+                         "samples": int(w["samples"] or 0)} for w in workers],
         })
     return out
+
+
+def token_projection(session: Session, run_id: int, samples: dict, tokens_per_s: float) -> dict:
+    """Total completion tokens projected from the finished samples, and the ETA by tokens.
+
+    mean tokens per finished sample (done batches) × every sample of the run; the ETA
+    divides the tokens still to generate by the recent tokens/s. Unlike the ETA by
+    samples it is not fooled by short samples finishing first.
+    """
+    tokens, finished = session.execute(text(
+        "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
+        "WHERE run_id = :run AND status = 'done'"), {"run": run_id}).one()
+    tokens, finished = int(tokens), int(finished)
+    all_samples = samples["pending"] + samples["done"] + samples["failed"]
+    if not finished:
+        return {"mean_completion_tokens": None, "completion_tokens_total": None,
+                "completion_tokens_remaining": None, "eta_s": None}
+    mean = tokens / finished
+    total = round(mean * all_samples)
+    remaining = max(0, total - tokens)
+    return {"mean_completion_tokens": round(mean, 1), "completion_tokens_total": total,
+            "completion_tokens_remaining": remaining,
+            "eta_s": round(remaining / tokens_per_s) if tokens_per_s > 0 and remaining else None}
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -119,6 +149,10 @@ def render_status(runs: list[dict]) -> str:
         lines.append(f"  tokens    {r['tokens']['completion']:,} generated, {r['tokens']['prompt']:,} prompt")
         lines.append(f"  speed     {t['completion_tokens_per_s']:,.0f} tok/s, {t['samples_per_s']:.2f} samples/s "
                      f"(last {_fmt_s(t['window_s'])})   ETA {_fmt_s(t['eta_s'])}")
+        p = r.get("projection") or {}
+        if p.get("completion_tokens_total") is not None:
+            lines.append(f"  projected {p['completion_tokens_total']:,} tokens in all ({p['mean_completion_tokens']:,.0f}"
+                         f" per sample so far)   ETA by tokens {_fmt_s(p['eta_s'])}")
         if r["rejected_reasons"]:
             lines.append("  rejected  " + ", ".join(f"{k} {v}" for k, v in r["rejected_reasons"].items()))
         if r["failed_reasons"]:

@@ -69,6 +69,7 @@ def parse_gpus(spec: str) -> list[str] | None:
 def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = None, queues: str = "regen",
                    concurrency: int = 8, model: str | None = None, engine_args: list[str] | None = None,
                    extra_args: list[str] | None = None, base_env: dict[str, str] | None = None,
+                   metrics_port: int = 0,
                    python: str = sys.executable) -> list[ProcessPlan]:
     """The processes this node should run: pure, so it is tested without GPUs."""
     host = host or socket.gethostname()
@@ -101,6 +102,8 @@ def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = No
             argv += ["--model", model]
         for a in args:
             argv += ["--engine-arg", a]
+        if metrics_port:
+            argv += ["--metrics-port", str(metrics_port + i)]
         argv += list(extra_args or [])
         plans.append(ProcessPlan(name=name, devices=devices, env=env, argv=tuple(argv)))
     return plans

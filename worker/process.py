@@ -54,21 +54,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--reconcile-s", type=float, default=60.0)
     p.add_argument("--requeue-grace-s", type=float, default=300.0)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve vLLM's engine metrics and the batches in flight on this port (0: off)")
     p.add_argument("--loglevel", default="INFO")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    engine_args = parse_engine_args(args.engine_arg)
+    if args.metrics_port:
+        # vLLM records its engine figures (running requests, KV use) only with stats on.
+        engine_args.setdefault("disable_log_stats", False)
     options = WorkerOptions(name=args.name, queues=tuple(q for q in args.queues.split(",") if q),
-                            concurrency=args.concurrency, model=args.model,
-                            engine_args=parse_engine_args(args.engine_arg), lease_s=args.lease_s,
+                            concurrency=args.concurrency, model=args.model, engine_args=engine_args, lease_s=args.lease_s,
                             heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts,
                             reconcile_s=args.reconcile_s, requeue_grace_s=args.requeue_grace_s)
     settings = Settings.from_env()
     runtime = WorkerRuntime(settings, options)
     app = make_celery(settings)
     register_tasks(app, runtime)
+    if args.metrics_port:
+        from prometheus_client import Gauge, start_http_server
+
+        Gauge("regen_worker_batches_in_flight", "Batches this worker process holds", ["worker"]).labels(
+            args.name).set_function(runtime.held_count)
+        start_http_server(args.metrics_port)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _on_shutting_down(**_):

@@ -97,6 +97,10 @@ class WorkerRuntime:
             self._held.pop(batch_id, None)
             self._lost.discard(batch_id)
 
+    def held_count(self) -> int:
+        with self._held_lock:
+            return len(self._held)
+
     def is_lost(self, batch_id: int) -> bool:
         with self._held_lock:
             return batch_id in self._lost

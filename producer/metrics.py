@@ -1,0 +1,327 @@
+"""``regen metrics``: a Prometheus exporter for the farm, computed from the ledger and Redis on each scrape.
+
+Every figure is read when Prometheus scrapes, never counted in the exporter, so
+the exporter holds no state worth keeping: restart it, run two, scrape it from two
+Prometheus servers, and the numbers agree. The "counters" (tokens, samples done)
+are the ledger's running totals, so ``rate()`` works across exporter restarts.
+
+Cost per scrape: a handful of aggregate queries over indexed columns (runs,
+batches, rejected_rows are small) and one pipelined round trip to Redis. Counting
+samples by status reads the whole ``samples_run_status_idx`` of a run (~0.5 s for
+1M samples on a small machine), so those counts are cached per run and recomputed
+only when the run's batches changed since the last scrape: sample statuses change
+only when a batch commits or batches are added, so a finished run costs nothing.
+
+Engine figures (requests running and waiting, KV-cache use) live in the worker
+processes; see docs/operations.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import redis as redis_lib
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from ledger.db import make_engine
+from ledger.dispatch import DEFAULT_QUEUE
+from ledger.settings import Settings
+from ledger.states import BatchStatus, SampleStatus
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9464
+#: kombu's Redis transport keeps a message of priority p > 0 in the list "<queue>\x06\x16<p>"
+#: (its default priority steps are 0, 3, 6, 9); counting them all is what Flower does too.
+PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = (3, 6, 9)
+#: The hash of delivered, unacknowledged messages (kombu's Redis transport, no key prefix).
+UNACKED_KEY = "unacked"
+#: A scrape must answer in seconds even when Postgres is slow: Prometheus times out at 10 s by default.
+STATEMENT_TIMEOUT_MS = 8000
+REDIS_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    by_status: dict[str, int]
+    by_quality: dict[str, int]
+
+
+@dataclass
+class LedgerFigures:
+    runs: list[dict] = field(default_factory=list)
+    #: (run_id, batch status) -> count, completion tokens, prompt tokens, failures, last finish (epoch s)
+    batches: dict[tuple[int, str], dict] = field(default_factory=dict)
+    samples: dict[int, SampleCounts] = field(default_factory=dict)
+    rejected: list[tuple[int, str, int]] = field(default_factory=list)
+    #: (run_id, worker, running batches, oldest heartbeat age s)
+    running: list[tuple[int, str, int, float]] = field(default_factory=list)
+
+
+@dataclass
+class BrokerFigures:
+    queues: dict[str, int]
+    unacked: int
+
+
+class SampleCountCache:
+    """Samples by status and by quality class per run, recomputed only when the run's batches changed."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[tuple, SampleCounts]] = {}
+        self._lock = threading.Lock()
+
+    def counts(self, conn, run_id: int, fingerprint: tuple) -> SampleCounts:
+        with self._lock:
+            entry = self._entries.get(run_id)
+        if entry is not None and entry[0] == fingerprint:
+            return entry[1]
+        by_status = {s.value: 0 for s in SampleStatus}
+        by_status.update({row[0]: int(row[1]) for row in conn.execute(text(
+            "SELECT status, count(*) FROM samples WHERE run_id = :run GROUP BY status"), {"run": run_id})})
+        by_quality = {row[0]: int(row[1]) for row in conn.execute(text(
+            "SELECT quality, count(*) FROM samples WHERE run_id = :run AND quality IS NOT NULL GROUP BY quality"),
+            {"run": run_id})}
+        counts = SampleCounts(by_status, by_quality)
+        with self._lock:
+            self._entries[run_id] = (fingerprint, counts)
+        return counts
+
+    def forget_except(self, run_ids: Iterable[int]) -> None:
+        keep = set(run_ids)
+        with self._lock:
+            for run_id in [r for r in self._entries if r not in keep]:
+                del self._entries[run_id]
+
+
+def read_ledger(db: Engine, cache: SampleCountCache) -> LedgerFigures:
+    figures = LedgerFigures()
+    # One snapshot: batch and sample figures of a scrape describe the same moment.
+    with db.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+        figures.runs = [dict(r) for r in conn.execute(text(
+            "SELECT id, name, model, queue, status FROM runs ORDER BY id")).mappings()]
+        for r in conn.execute(text(
+                "SELECT run_id, status, count(*) AS n, coalesce(sum(completion_tokens), 0) AS completion, "
+                "coalesce(sum(prompt_tokens), 0) AS prompt, coalesce(sum(failures), 0) AS failures, "
+                "coalesce(sum(n_samples), 0) AS n_samples, extract(epoch FROM max(finished_at)) AS last_finished "
+                "FROM batches GROUP BY run_id, status")).mappings():
+            figures.batches[(r["run_id"], r["status"])] = dict(r)
+        for run in figures.runs:
+            # Sample statuses change only when a batch commits (done count) or batches are added.
+            fingerprint = tuple(sorted((status, b["n"], int(b["n_samples"]))
+                                       for (run_id, status), b in figures.batches.items() if run_id == run["id"]))
+            figures.samples[run["id"]] = cache.counts(conn, run["id"], fingerprint)
+        cache.forget_except(r["id"] for r in figures.runs)
+        figures.rejected = [(r[0], r[1], int(r[2])) for r in conn.execute(text(
+            "SELECT run_id, reason, count(*) FROM rejected_rows GROUP BY run_id, reason"))]
+        figures.running = [(r[0], r[1] or "?", int(r[2]), float(r[3] or 0.0)) for r in conn.execute(text(
+            "SELECT run_id, worker, count(*), extract(epoch FROM now() - min(heartbeat_at)) FROM batches "
+            "WHERE status = 'running' GROUP BY run_id, worker"))]
+    return figures
+
+
+def read_broker(client: redis_lib.Redis, queues: Sequence[str]) -> BrokerFigures:
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+        for step in PRIORITY_STEPS:
+            pipe.llen(f"{queue}{PRIORITY_SEP}{step}")
+    pipe.hlen(UNACKED_KEY)
+    replies = pipe.execute()
+    per_queue = 1 + len(PRIORITY_STEPS)
+    depth = {q: int(sum(replies[i * per_queue:(i + 1) * per_queue])) for i, q in enumerate(queues)}
+    return BrokerFigures(queues=depth, unacked=int(replies[-1]))
+
+
+def build_metrics(ledger: LedgerFigures | None, broker: BrokerFigures | None, *, scrape_s: float) -> list[Metric]:
+    """The metric families for one scrape; a None source is reported as down and left out."""
+    out: list[Metric] = []
+    up = GaugeMetricFamily("regen_ledger_up", "1 if the ledger (Postgres) answered this scrape")
+    up.add_metric([], 1.0 if ledger is not None else 0.0)
+    out.append(up)
+    up = GaugeMetricFamily("regen_broker_up", "1 if the broker (Redis) answered this scrape")
+    up.add_metric([], 1.0 if broker is not None else 0.0)
+    out.append(up)
+    if broker is not None:
+        depth = GaugeMetricFamily("regen_queue_messages", "Messages waiting in a broker queue (LLEN, every "
+                                  "priority level)", labels=["queue"])
+        for queue, n in sorted(broker.queues.items()):
+            depth.add_metric([queue], n)
+        unacked = GaugeMetricFamily("regen_unacked_messages", "Messages delivered to workers and not acknowledged "
+                                    "yet (HLEN unacked): batches in flight plus those reserved by busy workers")
+        unacked.add_metric([], broker.unacked)
+        out += [depth, unacked]
+    if ledger is not None:
+        out += _ledger_metrics(ledger)
+    duration = GaugeMetricFamily("regen_scrape_duration_seconds", "Time this scrape spent querying the ledger and "
+                                 "the broker")
+    duration.add_metric([], scrape_s)
+    out.append(duration)
+    return out
+
+
+def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
+    names = {r["id"]: r["name"] for r in ledger.runs}
+    info = GaugeMetricFamily("regen_run_info", "Always 1; the run's model, queue and status (active, paused, "
+                             "finished) as labels", labels=["run", "model", "queue", "status"])
+    batches = GaugeMetricFamily("regen_batches", "Batches of a run by status", labels=["run", "status"])
+    samples = GaugeMetricFamily("regen_samples", "Samples of a run by status", labels=["run", "status"])
+    quality = GaugeMetricFamily("regen_samples_quality", "Committed samples of a run by quality class "
+                                "(ledger/quality.py)", labels=["run", "quality"])
+    completion = CounterMetricFamily("regen_completion_tokens", "Completion tokens of a run's committed batches",
+                                     labels=["run"])
+    prompt = CounterMetricFamily("regen_prompt_tokens", "Prompt tokens of a run's committed batches", labels=["run"])
+    done = CounterMetricFamily("regen_samples_done", "Samples of a run regenerated and committed", labels=["run"])
+    batches_done = CounterMetricFamily("regen_batches_done", "Batches of a run committed", labels=["run"])
+    failures = CounterMetricFamily("regen_batch_failures", "Failed batch attempts of a run (errors, lost leases); "
+                                   "`regen retry --dead` resets those of dead batches", labels=["run"])
+    last = GaugeMetricFamily("regen_last_commit_timestamp_seconds", "When the run's last batch was committed "
+                             "(Unix time)", labels=["run"])
+    for run in ledger.runs:
+        rid, name = run["id"], run["name"]
+        info.add_metric([name, run["model"], run["queue"], run["status"]], 1.0)
+        rows = {status: ledger.batches.get((rid, status)) for status in (s.value for s in BatchStatus)}
+        for status, row in rows.items():
+            batches.add_metric([name, status], row["n"] if row else 0)
+        counts = ledger.samples.get(rid, SampleCounts({}, {}))
+        for status, n in counts.by_status.items():
+            samples.add_metric([name, status], n)
+        for quality_class, n in sorted(counts.by_quality.items()):
+            quality.add_metric([name, quality_class], n)
+        committed = rows[BatchStatus.DONE.value]
+        completion.add_metric([name], float(committed["completion"]) if committed else 0.0)
+        prompt.add_metric([name], float(committed["prompt"]) if committed else 0.0)
+        batches_done.add_metric([name], committed["n"] if committed else 0)
+        done.add_metric([name], counts.by_status.get(SampleStatus.DONE.value, 0))
+        failures.add_metric([name], float(sum(int(r["failures"]) for r in rows.values() if r)))
+        if committed and committed["last_finished"] is not None:
+            last.add_metric([name], float(committed["last_finished"]))
+    rejected = GaugeMetricFamily("regen_rejected_rows", "Input rows that never became samples, by reason "
+                                 "(duplicate_id included)", labels=["run", "reason"])
+    for rid, reason, n in ledger.rejected:
+        if rid in names:
+            rejected.add_metric([names[rid], reason], n)
+    running = GaugeMetricFamily("regen_running_batches", "Batches a worker holds right now", labels=["run", "worker"])
+    heartbeat = GaugeMetricFamily("regen_worker_heartbeat_age_seconds", "Age of the oldest lease heartbeat among "
+                                  "the batches a worker holds; beyond the workers' --lease-s it is presumed dead",
+                                  labels=["worker"])
+    ages: dict[str, float] = {}
+    for rid, worker, n, age_s in ledger.running:
+        if rid in names:
+            running.add_metric([names[rid], worker], n)
+        ages[worker] = max(age_s, ages.get(worker, 0.0))
+    for worker, age_s in sorted(ages.items()):
+        heartbeat.add_metric([worker], age_s)
+    return [info, batches, samples, quality, completion, prompt, done, batches_done, failures, last, rejected, running,
+            heartbeat]
+
+
+def _queues(ledger: LedgerFigures | None, extra: Sequence[str]) -> list[str]:
+    names = {DEFAULT_QUEUE, *extra}
+    if ledger is not None:
+        names |= {r["queue"] for r in ledger.runs}
+    return sorted(names)
+
+
+def collect(settings: Settings, *, db: Engine | None = None, redis_client: redis_lib.Redis | None = None,
+            queues: Sequence[str] = (), cache: SampleCountCache | None = None) -> list[Metric]:
+    """Query the ledger and the broker once; return the metric families of one scrape.
+
+    Args:
+        settings: where the ledger and the broker are.
+        db, redis_client: connections to reuse across scrapes (made and closed here when None).
+        queues: broker queues to measure besides the default one and every run's queue.
+        cache: keeps sample counts between scrapes (see the module docstring).
+    """
+    started = time.monotonic()
+    own_db = db is None
+    own_redis = redis_client is None
+    db = db if db is not None else ledger_engine(settings)
+    redis_client = redis_client if redis_client is not None else broker_client(settings)
+    try:
+        ledger = None
+        try:
+            ledger = read_ledger(db, cache if cache is not None else SampleCountCache())
+        except SQLAlchemyError as e:
+            log.warning("ledger unavailable for this scrape: %s", str(e).splitlines()[0])
+        broker = None
+        try:
+            broker = read_broker(redis_client, _queues(ledger, queues))
+        except redis_lib.RedisError as e:
+            log.warning("broker unavailable for this scrape: %s", e)
+        return build_metrics(ledger, broker, scrape_s=time.monotonic() - started)
+    finally:
+        if own_db:
+            db.dispose()
+        if own_redis:
+            redis_client.close()
+
+
+def ledger_engine(settings: Settings) -> Engine:
+    return make_engine(settings, pool_size=2, max_overflow=2,
+                       connect_args={"options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                                     "connect_timeout": 5})
+
+
+def broker_client(settings: Settings) -> redis_lib.Redis:
+    return redis_lib.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                    socket_connect_timeout=REDIS_TIMEOUT_S)
+
+
+class RegenCollector(Collector):
+    """A prometheus_client collector that calls :func:`collect` on each scrape, with kept connections."""
+
+    def __init__(self, settings: Settings, queues: Sequence[str] = ()):
+        self.settings = settings
+        self.queues = tuple(queues)
+        self.db = ledger_engine(settings)
+        self.redis = broker_client(settings)
+        self.cache = SampleCountCache()
+
+    def collect(self) -> Iterable[Metric]:
+        return collect(self.settings, db=self.db, redis_client=self.redis, queues=self.queues, cache=self.cache)
+
+    def close(self) -> None:
+        self.db.dispose()
+        self.redis.close()
+
+
+def start_exporter(settings: Settings, *, port: int = DEFAULT_PORT, addr: str = "0.0.0.0",
+                   queues: Sequence[str] = ()) -> tuple[object, RegenCollector]:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return (HTTP server, collector).
+
+    Call ``server.shutdown()`` then ``collector.close()`` to stop.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    collector = RegenCollector(settings, queues)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server, collector
+
+
+def serve(settings: Settings, *, port: int = DEFAULT_PORT, addr: str = "0.0.0.0", queues: Sequence[str] = ()) -> int:
+    """``regen metrics``: serve until SIGTERM or Ctrl-C; return the exit code."""
+    server, collector = start_exporter(settings, port=port, addr=addr, queues=queues)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.info("regen metrics on http://%s:%d/metrics", addr, port)
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        collector.close()
+    return 0
