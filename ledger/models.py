@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .quality import Quality
 from .states import BatchStatus, RunStatus, SampleStatus
 
 
@@ -53,6 +54,10 @@ class Run(Base):
     status_reason: Mapped[str | None] = mapped_column(Text)
     provenance: Mapped[dict | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    #: Overrides of ledger/quality.py Thresholds (NULL = the defaults); see docs/quality.md.
+    quality_thresholds: Mapped[dict | None] = mapped_column(JSONB)
+    #: Last quality-gate evaluation: workers evaluate a run at most once per interval.
+    gate_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (CheckConstraint(_in("status", RunStatus), name="runs_status_check"),)
 
@@ -113,11 +118,15 @@ class Sample(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+    #: Quality class (ledger/quality.py) written with the sample at commit; NULL while pending.
+    quality: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (
         CheckConstraint(_in("status", SampleStatus), name="samples_status_check"),
+        CheckConstraint("quality IS NULL OR " + _in("quality", Quality), name="samples_quality_check"),
         Index("samples_batch_idx", "batch_id"),
         Index("samples_run_status_idx", "run_id", "status"),
+        Index("samples_run_quality_idx", "run_id", "quality"),
     )
 
 

@@ -303,5 +303,82 @@ def clean(run_name: str, delete_ledger: bool, yes: bool, force: bool, database_u
                + ("deleted" if report.ledger_deleted else "kept"))
 
 
+@main.command()
+@click.option("--run", "run_name", required=True)
+@click.option("--force", is_flag=True, help="continue even though the quality gate would pause the run again")
+@click.option("--lease-s", type=float, default=90.0, show_default=True)
+@db_option
+@redis_option
+def resume(run_name: str, force: bool, lease_s: float, database_url: str | None, redis_url: str | None) -> None:
+    """Continue a run paused by the quality gate (after a human looked at `regen report`)."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.dispatch import make_celery
+    from ledger.quality import resume_run
+    from ledger.reconcile import requeue as do_requeue
+
+    settings = _settings(database_url, redis_url)
+    engine = make_engine(settings)
+    try:
+        sessions = make_sessionmaker(engine)
+        with sessions.begin() as s:
+            result = resume_run(s, run_name, force)
+        click.echo(result.message)
+        if result.status == "active":
+            report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s)
+            click.echo(f"{report.republished} queued batches published again")
+    finally:
+        engine.dispose()
+
+
+@main.command()
+@click.option("--run", "run_name", required=True)
+@click.option("--out", "out_dir", required=True, help="folder for index.html, the PNG plots and summary.txt")
+@click.option("--max-shards", type=int, default=200, show_default=True,
+              help="output shards read for per-generation figures (0: all)")
+@db_option
+def report(run_name: str, out_dir: str, max_shards: int, database_url: str | None) -> None:
+    """An HTML report with plots: lengths, finish reasons, quality classes, loss-mask token counts."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.objects import ObjectStore
+
+    from .report import write_report
+
+    settings = _settings(database_url)
+    engine = make_engine(settings)
+    try:
+        path = write_report(make_sessionmaker(engine), ObjectStore(max_attempts=settings.s3_max_attempts), run_name,
+                            out_dir, max_shards=max_shards or None)
+    finally:
+        engine.dispose()
+    click.echo(f"report: {path}")
+
+
+@main.command()
+@click.option("--run", "run_names", multiple=True, required=True, help="run to export (repeatable: same config)")
+@click.option("--format", "fmt", type=click.Choice(["messages", "tokens"]), required=True)
+@click.option("--out", "out_dir", required=True)
+@click.option("--include-all", is_flag=True, help="keep every quality class")
+@click.option("--include", "include", multiple=True, help="also keep this bad quality class (repeatable)")
+@click.option("--shard-size", type=int, default=None, help="rows per output file")
+@click.option("--tokenizer", default=None, help="tokenizer folder for the tokens format's text (default: the model)")
+@db_option
+def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer, database_url) -> None:
+    """Training-ready data: messages (Parquet) or tokens (speculators/SpecForge JSONL), with a manifest."""
+    from ledger.db import make_engine, make_sessionmaker
+    from ledger.objects import ObjectStore
+
+    from .export import export_run
+
+    settings = _settings(database_url)
+    engine = make_engine(settings)
+    try:
+        manifest = export_run(make_sessionmaker(engine), ObjectStore(max_attempts=settings.s3_max_attempts),
+                              list(run_names), fmt, out_dir, include_all=include_all, include=tuple(include),
+                              shard_rows=shard_size, tokenizer=tokenizer)
+    finally:
+        engine.dispose()
+    click.echo(f"export: {manifest.path}")
+
+
 if __name__ == "__main__":
     main()

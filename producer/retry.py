@@ -78,7 +78,7 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
             s.add(batch)
             s.flush()
             s.execute(text(
-                "UPDATE samples SET status = 'pending', batch_id = :batch, error = NULL, updated_at = now() "
+                "UPDATE samples SET status = 'pending', batch_id = :batch, error = NULL, quality = NULL, updated_at = now() "
                 "WHERE run_id = :run AND sample_id = ANY(:ids) AND status = 'failed'"),
                 {"batch": batch.id, "run": run.id, "ids": [r["sample_id"] for r in chunk]})
             s.execute(text("UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'"),

@@ -22,6 +22,10 @@ pip install --quiet -e ".[cpu,dev]"
 # torch 2.13 they fail to import and break model loading in transformers. Nothing
 # in regen needs them.
 pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+# The real consumers of `regen export --format tokens`, for its tests: speculators'
+# prepare-data path and SpecForge's pre-tokenized loader. --no-deps: they would pull
+# another torch; the code paths tested need nothing beyond what is installed.
+pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0
 python - <<'PY'
 import importlib
 for mod in ("vllm", "transformers", "celery", "sqlalchemy", "boto3", "moto", "producer.cli", "worker.engine"):

@@ -52,13 +52,14 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
             row = s.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s}).first()
             info = s.execute(text(
                 "SELECT b.status, r.id AS run_id, r.name, r.model, r.sampling, r.output_url, r.provenance, "
-                "r.status AS run_status, r.config_hash FROM batches b JOIN runs r ON r.id = b.run_id "
+                "r.status AS run_status, r.config_hash, r.quality_thresholds FROM batches b JOIN runs r ON r.id = b.run_id "
                 "WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
             if info is None:
                 return Claim(ClaimOutcome.MISSING)
             run = {"id": info["run_id"], "name": info["name"], "model": info["model"],
                    "sampling": info["sampling"], "output_url": info["output_url"],
-                   "provenance": info["provenance"] or {}, "config_hash": info["config_hash"]}
+                   "provenance": info["provenance"] or {}, "config_hash": info["config_hash"],
+                   "quality_thresholds": info["quality_thresholds"]}
             if row is not None:
                 return Claim(ClaimOutcome.CLAIMED, attempt=row[0], run=run)
             if info["status"] in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
@@ -119,6 +120,7 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
         "stop": r.get("stop_reason"), "turns": r.get("turns"), "pt": r["usage"]["prompt_tokens"],
         "ct": r["usage"]["completion_tokens"], "rt": r["usage"].get("reasoning_tokens"),
         "at": r["usage"].get("answer_tokens"), "tc": r.get("tool_calls"), "key": output_key,
+        "quality": r.get("quality"),
         "error": None if r.get("error") is None else f"{r['error']['reason']}: {r['error']['detail']}"[:2000],
     } for r in rows]
 
@@ -138,7 +140,7 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
             s.execute(text(
                 "UPDATE samples SET status = :status, finish_reason = :finish, stop_reason = :stop, turns = :turns, "
                 "prompt_tokens = :pt, completion_tokens = :ct, reasoning_tokens = :rt, answer_tokens = :at, "
-                "tool_calls = :tc, output_key = :key, error = :error, updated_at = now() "
+                "tool_calls = :tc, output_key = :key, error = :error, quality = :quality, updated_at = now() "
                 "WHERE run_id = :run AND sample_id = :sid AND status <> 'done'"), sample_params)
             if provenance:
                 # The run record names the engine and chat template its first batch used.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ledger.dispatch import BatchMessage
 from ledger.errors import StoreError
 from ledger.objects import sha256_hex
+from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import decode_shard, encode_shard, output_shard_url
 
 from .batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
@@ -107,6 +108,19 @@ def _record_failure(rt: WorkerRuntime, msg: BatchMessage, attempt: int, error: s
     return status.value
 
 
+def _classify(rows: list[dict], run: dict, *, annotate: bool) -> None:
+    """Give every row its quality class (and, when writing the shard, each event its own)."""
+    thresholds = Thresholds.from_json(run.get("quality_thresholds"))
+    for row in rows:
+        if not annotate and row.get("quality"):
+            continue
+        quality, details = classify_sample(row, thresholds)
+        row["quality"] = quality
+        if annotate:
+            for event, detail in zip(row["events"], details, strict=False):
+                event["quality"] = detail
+
+
 def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
     engine = rt.engine
     while True:
@@ -134,6 +148,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # record that shard instead of generating again.
         data = rt.store.get(out_url)
         rows = list(decode_shard(data))
+        _classify(rows, run, annotate=False)
         log.info("batch %s: output already in the store, committing it", msg.batch_id)
     else:
         samples = list(decode_shard(rt.store.get(msg.input_key)))
@@ -146,16 +161,24 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         rows = _wait(rt, msg.batch_id, future)
         if rt.is_lost(msg.batch_id):
             raise _Fenced()
+        _classify(rows, run, annotate=True)
         data = encode_shard(rows)
         put = rt.store.put_if_absent(out_url, data)
         if not put.created:
             # A twin attempt wrote first; the ledger must describe the bytes in the store.
             data = rt.store.get(out_url)
             rows = list(decode_shard(data))
+            _classify(rows, run, annotate=False)
     ok = commit_batch(rt.sessions, run_id=run["id"], batch_id=msg.batch_id, attempt=attempt, output_key=out_url,
                       output_sha256=sha256_hex(data), rows=rows, provenance=provenance)
     if not ok:
         raise _Fenced()
+    try:
+        decision = enforce_gate(rt.sessions, run["id"])
+        if decision is not None and decision.pause:
+            log.warning("run %s paused by the quality gate: %s", run["name"], decision.reason)
+    except Exception:  # noqa: BLE001 - a gate problem must never fail a committed batch
+        log.exception("quality gate evaluation failed for run %s", run["name"])
     done = sum(r["status"] == "done" for r in rows)
     log.info("batch %s attempt %s committed: %d done, %d failed", msg.batch_id, attempt, done, len(rows) - done)
     return Outcome("done", msg.batch_id, attempt, f"{done}/{len(rows)} samples done")

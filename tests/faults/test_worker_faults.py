@@ -106,7 +106,7 @@ def test_transient_s3_errors_are_retried_and_nothing_is_lost(farm, fault_report)
     ids = _submit(farm, "s3-transient", 16)
     _wait_settled(farm, "s3-transient")
     row = fault_report("S3 5xx/throttling on uploads", account(farm["sessions"], "s3-transient", expected_ids=ids))
-    assert proxy.count(method="PUT", outcome="injected") >= 4
+    assert proxy.count(method="PUT", outcome="fail") >= 4
     assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
 
 
@@ -123,7 +123,7 @@ def test_a_permanent_s3_error_fails_the_batch_loudly_then_it_is_dead(farm, fault
     [err] = status["batch_errors"]
     assert err["status"] == "dead" and "AccessDenied" in err["error"] and "permanent" in err["error"]
     # A permanent error is not retried inside an attempt: one PUT per attempt (max-attempts 2).
-    assert proxy.count(method="PUT", outcome="injected") <= 2 + 4  # + earlier test's transient ones
+    assert proxy.count(method="PUT", outcome="fail") <= 2 + 4  # + earlier test's transient ones
     row = fault_report("S3 access denied on upload (permanent)",
                        account(farm["sessions"], "s3-denied", expected_ids=ids))
     assert row.lost == len(ids) and row.done == 0  # pending in a dead batch: visible, never silently acked

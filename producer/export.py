@@ -1,0 +1,300 @@
+"""``regen export``: a run's committed samples as training data, deterministic and sharded.
+
+Output directory::
+
+    OUT/manifest.json                          counts, filters, what was left out and why
+    OUT/data/train-00000-of-00004.parquet      --format messages: one row per sample
+    OUT/data/train-00000-of-00004.jsonl        --format tokens: one row per generation event
+
+The data files sit in ``data/`` so a consumer pointed at that directory (``speculators
+prepare-data --data OUT/data``) never mistakes the manifest for data. Rows are sorted
+by sample id (then turn) across all shards, so the same ledger exports to the same
+bytes. Bad quality classes are left out unless ``include``/``include_all`` keep them.
+
+Two passes keep memory flat on a 1M-sample run: every committed output shard is read
+once and its rows are appended to a spill file per export shard (the shard a sample
+lands in is known from the ledger's sorted ids), then each spill file is sorted and
+written. Disk use peaks at twice the export's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.errors import ConfigError, ShardError
+from ledger.objects import ObjectStore
+from ledger.quality import BAD_CLASSES, CLASSES, Quality
+
+from .export_rows import load_decoder, message_row, messages_schema, token_rows
+from .outputs import RunInfo, committed_samples, load_run, read_shards, row_quality, sample_status_counts
+
+FORMATS = ("messages", "tokens")
+#: Rows per shard. Messages: ~10K conversations is a few hundred MB of Parquet. Tokens: a
+#: row holds its whole context as ids (32K ids are ~200 KB of JSON), so fewer per file.
+DEFAULT_SHARD_ROWS = {"messages": 10_000, "tokens": 2_000}
+DATA_DIR = "data"
+MANIFEST_FILE = "manifest.json"
+_SUFFIX = {"messages": "parquet", "tokens": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path.parent / shard["path"] for shard in self.data["shards"]]
+
+
+@dataclass
+class _Tally:
+    """What was exported and what was left out, counted while reading."""
+
+    left_out: Counter = field(default_factory=Counter)
+    exported: Counter = field(default_factory=Counter)
+    per_run: Counter = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    shard: int
+    run: int
+    #: The ledger's class; None for samples committed before classification existed.
+    quality: str | None
+
+
+def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: list[str], fmt: str,
+               out_dir: str | Path, include_all: bool = False, include: tuple[str, ...] | list[str] = (),
+               shard_rows: int | None = None, tokenizer: str | None = None) -> Manifest:
+    """Export the committed samples of ``run_names`` (one config hash) into ``out_dir``.
+
+    Args:
+        fmt: ``messages`` (Parquet) or ``tokens`` (speculators boundary rows, JSONL).
+        out_dir: Created if missing; must be empty.
+        include_all: Keep every class (failed samples still have nothing to export).
+        include: Bad classes to keep besides ``ok``.
+        shard_rows: Rows per data file (default ``DEFAULT_SHARD_ROWS[fmt]``).
+        tokenizer: tokenizer.json (or its directory) for ``text`` in the tokens format,
+            when the run's model path does not exist here.
+
+    Raises:
+        ConfigError: unknown format or class, a non-empty ``out_dir``, runs with different
+            config hashes, no tokenizer for a tokens export.
+        ChecksumMismatch, ShardError, StoreError: a committed output shard cannot be read as recorded.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    unknown = sorted(set(include) - set(CLASSES))
+    if unknown:
+        raise ConfigError(f"--include: unknown class(es) {unknown}; classes: {', '.join(CLASSES)}")
+    rows_per_shard = DEFAULT_SHARD_ROWS[fmt] if shard_rows is None else shard_rows
+    if rows_per_shard < 1:
+        raise ConfigError("--shard-size must be at least 1")
+    if not run_names or len(set(run_names)) != len(run_names):
+        raise ConfigError("name each run to export once")
+    kept = set(CLASSES) if include_all else {Quality.OK.value, *include}
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty: export into a new directory")
+
+    with sessions() as session:
+        runs = [load_run(session, name) for name in run_names]
+        hashes = {run.config_hash for run in runs}
+        if len(hashes) > 1:
+            listing = ", ".join(f"{run.name}={run.config_hash[:12]}" for run in runs)
+            raise ConfigError(f"runs with different configurations cannot be exported together ({listing}): "
+                              "their samples come from different models or sampling")
+        statuses = [sample_status_counts(session, run.id) for run in runs]
+        candidates = [(row, n) for n, run in enumerate(runs) for row in committed_samples(session, run.id)]
+    decode = source = None
+    if fmt == "tokens":
+        decode, source = load_decoder(runs[0].model, tokenizer)
+
+    tally = _Tally()
+    plan, shas, n_shards = _plan(candidates, fmt, kept, rows_per_shard, tally.left_out)
+    committed = Counter(n for _, n in candidates)
+    tally.left_out["not_committed"] = sum(sum(s.values()) for s in statuses) - len(candidates)
+    del candidates
+
+    out.mkdir(parents=True, exist_ok=True)
+    spill = out / ".spill"
+    spill.mkdir()
+    try:
+        for url, rows in read_shards(store, sorted(shas.items())):
+            _spill_rows(spill, fmt, runs, plan[url], rows, kept, decode, tally)
+        shards = _write_shards(out, spill, fmt, n_shards)
+    except BaseException:
+        # Leave OUT empty, so the same command can simply be run again.
+        shutil.rmtree(out / DATA_DIR, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    exported = tally.exported
+
+    manifest = {
+        "format": fmt,
+        "config_hash": runs[0].config_hash,
+        "model": runs[0].model,
+        "runs": [{"name": run.name, "status": run.status, "samples": statuses[n], "committed": committed[n],
+                  "exported_samples": tally.per_run[n]} for n, run in enumerate(runs)],
+        "filters": {"include_all": include_all, "include": sorted(include),
+                    "kept_classes": [c for c in CLASSES if c in kept and c != Quality.FAILED.value],
+                    "excluded_classes": [c for c in BAD_CLASSES if c not in kept]},
+        "counts": {"samples": sum(exported.values()), "rows": sum(s["rows"] for s in shards),
+                   "shards": len(shards), "samples_by_class": {c: exported[c] for c in CLASSES if exported[c]}},
+        "left_out": _left_out(tally.left_out, fmt),
+        "shards": shards,
+        "tokenizer": source,
+        "sorted_by": "sample_id" if fmt == "messages" else "primary_id, turn",
+    }
+    path = out / MANIFEST_FILE
+    path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return Manifest(path, manifest)
+
+
+def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_out: Counter
+          ) -> tuple[dict[str, dict[str, _Wanted]], dict[str, str | None], int]:
+    """Which committed samples go into which export shard.
+
+    Returns:
+        ``{output_key: {sample_id: _Wanted}}``, each output shard's recorded sha256, and
+        the number of export shards.
+
+    Samples are taken in sample-id order (then run order: a sample id in two runs is
+    exported from the first named); a shard closes before the sample that would take it
+    past ``rows_per_shard`` (a tokens shard counts the sample's turns, an upper bound).
+    """
+    plan: dict[str, dict[str, _Wanted]] = defaultdict(dict)
+    shas: dict[str, str | None] = {}
+    shard, rows_in_shard, previous = 0, 0, None
+    for row, run in sorted(candidates, key=lambda c: (c[0].sample_id, c[1])):
+        if row.sample_id == previous:
+            left_out["duplicate_sample_id"] += 1
+            continue
+        previous = row.sample_id
+        if row.status != "done":
+            left_out[Quality.FAILED.value] += 1
+            continue
+        if row.quality is not None and row.quality not in kept:
+            left_out[row.quality] += 1
+            continue
+        weight = max(1, row.turns or 1) if fmt == "tokens" else 1
+        if rows_in_shard and rows_in_shard + weight > rows_per_shard:
+            shard, rows_in_shard = shard + 1, 0
+        rows_in_shard += weight
+        plan[row.output_key][row.sample_id] = _Wanted(shard, run, row.quality)
+        shas[row.output_key] = row.output_sha256
+    return dict(plan), shas, (shard + 1 if plan else 0)
+
+
+def _spill_rows(spill: Path, fmt: str, runs: list[RunInfo], wanted: dict[str, _Wanted], rows: list[dict],
+                kept: set[str], decode, tally: _Tally) -> None:
+    """Turn the wanted rows of one output shard into export rows, appended to their shards' spill files."""
+    lines: dict[int, list[dict]] = defaultdict(list)
+    found = 0
+    for row in rows:
+        want = wanted.get(row.get("sample_id"))
+        if want is None or row.get("status") != "done":
+            continue
+        found += 1
+        run = runs[want.run]
+        sample_class, details = row_quality(row, run.thresholds)
+        sample_class = want.quality or sample_class  # the ledger's class is the one status and gate saw
+        if sample_class not in kept:
+            tally.left_out[sample_class] += 1
+            continue
+        tally.exported[sample_class] += 1
+        tally.per_run[want.run] += 1
+        if fmt == "messages":
+            lines[want.shard].append(message_row(row, run=run.name, sample_class=sample_class))
+            continue
+        token, failed = token_rows(row, run=run.name, run_seed=int(run.sampling.get("seed", 0)),
+                                   sample_class=sample_class, turn_classes=[d["quality"] for d in details])
+        tally.left_out["failed_generation"] += failed
+        lines[want.shard].extend(token)
+    if found != len(wanted):
+        raise ShardError(f"an output shard lacks {len(wanted) - found} of the done samples the ledger places in it")
+    if fmt == "tokens":
+        batch = [r for shard_rows in lines.values() for r in shard_rows]
+        for r, text in zip(batch, decode([r["input_ids"] for r in batch]), strict=True):
+            r["text"] = text
+    for shard, records in lines.items():
+        with open(spill / f"{shard:06d}.jsonl", "a", encoding="utf-8") as f:
+            # "<sort key>\t<row>": pass 2 sorts on the small key and copies the row's JSON as it
+            # is (serialising long id lists dominates a tokens export). JSON escapes every tab.
+            f.writelines(json.dumps(_sort_key(fmt, r), ensure_ascii=False) + "\t" + json.dumps(r, ensure_ascii=False)
+                         + "\n" for r in records)
+
+
+def _sort_key(fmt: str, record: dict[str, Any]) -> list:
+    if fmt == "messages":
+        return [record["sample_id"]]
+    return [record["primary_id"], record["metadata"]["turn"]]
+
+
+def _write_shards(out: Path, spill: Path, fmt: str, n_shards: int) -> list[dict[str, Any]]:
+    """Sort each spill file and write the data files, named once their number is known."""
+    data = out / DATA_DIR
+    data.mkdir()
+    written: list[tuple[Path, int, int]] = []
+    for shard in range(n_shards):
+        path = spill / f"{shard:06d}.jsonl"
+        if not path.exists():
+            continue  # every sample of this shard was left out while reading (unclassified rows)
+        keyed = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, _, record = line.partition("\t")
+                keyed.append((json.loads(key), record))
+        keyed.sort(key=lambda item: item[0])
+        target = data / f".part-{shard:06d}"
+        _write_file(target, fmt, [record for _, record in keyed])
+        written.append((target, len(keyed), len({key[0] for key, _ in keyed})))
+    shards = []
+    for n, (target, rows, samples) in enumerate(written):
+        final = data / f"train-{n:05d}-of-{len(written):05d}.{_SUFFIX[fmt]}"
+        target.rename(final)
+        shards.append({"path": f"{DATA_DIR}/{final.name}", "rows": rows, "samples": samples,
+                       "sha256": hashlib.sha256(final.read_bytes()).hexdigest()})
+    return shards
+
+
+def _write_file(path: Path, fmt: str, lines: list[str]) -> None:
+    """Write one data file from its sorted JSON lines (newline included)."""
+    if fmt == "messages":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist([json.loads(line) for line in lines], schema=messages_schema())
+        pq.write_table(table, path, compression="zstd")
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+
+
+def _left_out(counts: Counter, fmt: str) -> dict[str, Any]:
+    why = {
+        Quality.FAILED.value: "failed samples have no output (regen status shows their reasons)",
+        "not_committed": "pending, or in a batch the ledger does not mark done",
+        "duplicate_sample_id": "the same sample id in an earlier-named run (exported from there)",
+    }
+    samples = {}
+    for name in (*CLASSES, "not_committed", "duplicate_sample_id"):
+        if counts[name]:
+            samples[name] = {"count": counts[name], "why": why.get(
+                name, f"quality class {name}, left out by default: --include {name} or --include-all keeps it")}
+    out: dict[str, Any] = {"samples": samples}
+    if fmt == "tokens":
+        out["generations"] = {"failed_generation": {
+            "count": counts["failed_generation"],
+            "why": "a generation that did not complete (finish_reason not stop/length, or no completion ids)"}}
+    return out
