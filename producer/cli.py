@@ -97,11 +97,13 @@ def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
 @click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
               "generated without thinking (default 0.5)")
 @click.option("--queue", default="regen", show_default=True, help="broker queue the workers of this model consume")
+@click.option("--quality-thresholds", default=None,
+              help='JSON overrides of the quality gate, e.g. \'{"gate_min_samples": 100}\' (docs/quality.md)')
 @click.option("--json", "as_json", is_flag=True)
 @db_option
 @redis_option
 def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperature, top_p, top_k, seed, thinking,
-           thinking_off_share, queue, as_json, database_url, redis_url) -> None:
+           thinking_off_share, queue, quality_thresholds, as_json, database_url, redis_url) -> None:
     """Register PATHS (JSONL/Parquet files or folders) as a run and enqueue its batches."""
     from dataclasses import asdict
 
@@ -112,6 +114,15 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
     from .run_config import build_run_config
     from .submit import submit_run
 
+    thresholds = None
+    if quality_thresholds is not None:
+        from ledger.quality import Thresholds
+
+        try:
+            raw = json.loads(quality_thresholds)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}", param_hint="--quality-thresholds") from e
+        thresholds = Thresholds.from_json(raw).to_json()
     settings = _settings(database_url, redis_url)
     config = build_run_config(model, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               seed=seed, thinking=thinking, thinking_off_share=thinking_off_share)
@@ -120,7 +131,7 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
     try:
         report = submit_run(make_sessionmaker(engine), app, ObjectStore(max_attempts=settings.s3_max_attempts),
                             list(paths), run_name=run_name, config=config, output_url=output_url,
-                            batch_size=batch_size, queue=queue)
+                            batch_size=batch_size, queue=queue, quality_thresholds=thresholds)
     finally:
         engine.dispose()
     if as_json:

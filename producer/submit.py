@@ -2,7 +2,9 @@
 
 The producer streams the input (a 914K-row dataset is never held in memory), and
 works in *groups* of batches so there is no round trip per row: one dedupe query,
-parallel shard uploads, one transaction (COPY) and one publish burst per group.
+parallel shard uploads, one transaction (COPY) and one pipelined publish per group.
+Groups are written by one background thread, in order, while the calling thread
+reads and normalises the next group (bench/submit_scale.py measures the phases).
 
 Order of effects, so that a crash anywhere is finished by running the same submit
 again (and nothing is enqueued twice):
@@ -19,16 +21,21 @@ batches only for new rows.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from celery import Celery
+from kombu.exceptions import KombuError
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.dispatch import BatchMessage, publish_batch
+from ledger.dispatch import TASK_NAME, BatchMessage
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
@@ -42,10 +49,15 @@ from .run_config import RunConfig
 log = logging.getLogger(__name__)
 
 #: Batches written per transaction. Large enough to amortise round trips
-#: (≈1,000 samples at batch size 64), small enough that a crash redoes little.
-GROUP_BATCHES = 16
-#: Parallel input-shard uploads: S3 latency, not bandwidth, bounds a submit.
+#: (≈2,000 samples at batch size 64), small enough that a crash redoes little.
+GROUP_BATCHES = 32
+#: Parallel input-shard uploads (encoding included): S3 latency, not bandwidth, bounds a submit.
 UPLOAD_THREADS = 8
+#: Groups read ahead of the one being written: the reader never waits for S3, and memory
+#: holds at most this many groups plus the one in the writer.
+GROUPS_AHEAD = 1
+#: Redis commands per pipelined round trip when publishing (kombu's Producer.batch).
+PUBLISH_PIPELINE = 1000
 DUPLICATE_REASON = "duplicate_id"
 
 
@@ -61,6 +73,16 @@ class SubmitReport:
     batches_new: int = 0
     batches_republished: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
+    #: Seconds spent per phase; reading overlaps the writer's phases, so they add up to more than the wall time.
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings_s[phase] = round(self.timings_s.get(phase, 0.0) + time.perf_counter() - start, 3)
 
 
 @dataclass
@@ -72,12 +94,13 @@ class _Reject:
 
 
 def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
-                      batch_size: int) -> tuple[Run, bool]:
+                      batch_size: int, quality_thresholds: dict | None = None) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
         run = Run(name=name, model=config.model, sampling=config.as_record(), config_hash=config.hash,
                   output_url=output_url.rstrip("/"), queue=queue, batch_size=batch_size,
-                  status=RunStatus.ACTIVE.value, provenance={"model_files": config.model_files})
+                  status=RunStatus.ACTIVE.value, provenance={"model_files": config.model_files},
+                  quality_thresholds=quality_thresholds)
         session.add(run)
         session.flush()
         return run, True
@@ -96,6 +119,9 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
         raise ConfigError(f"run {name!r} writes to {run.output_url}, not {output_url}")
     if run.batch_size != batch_size:
         raise ConfigError(f"run {name!r} was created with --batch-size {run.batch_size}")
+    if quality_thresholds is not None and quality_thresholds != run.quality_thresholds:
+        # Thresholds judge outputs, they do not change them: not in the config hash, may change.
+        run.quality_thresholds = quality_thresholds
     return run, False
 
 
@@ -115,57 +141,89 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
 
 
 class _Submitter:
+    """Plans groups on the calling (reader) thread and writes them, in order, on one writer thread."""
+
     def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: Run,
                  report: SubmitReport):
         self.sessions, self.app, self.store, self.run, self.report = sessions, app, store, run, report
         with sessions() as s:
             self.next_seq = (s.scalar(select(func.max(Batch.seq)).where(Batch.run_id == run.id)) or 0) + 1
-        # Sample ids read but not yet committed (the carry of a partial batch), so a
-        # duplicate is caught even before its first occurrence reaches the ledger.
+        # Sample ids read but not yet committed (the carry of a partial batch, groups in the
+        # writer), so a duplicate is caught even before its first occurrence reaches the ledger.
         self.unwritten: dict[str, tuple[str, int]] = {}
+        # Held by the dedupe (query, then look in `unwritten`) and by the writer when it drops
+        # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
+        self._ids_lock = threading.Lock()
+        self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="submit-upload")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
+        self._in_writer: deque[Future] = deque()
+        self._failed = threading.Event()
+
+    def close(self) -> None:
+        """Stop: groups not started are dropped (a rerun registers their rows), the current one finishes."""
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        self._uploads.shutdown(wait=True, cancel_futures=True)
 
     # -- dedupe -------------------------------------------------------------------------
-    def _split_known(self, samples: list[dict], rejects: list[_Reject]) -> list[dict]:
+    def split_known(self, samples: list[dict], rejects: list[_Reject]) -> list[dict]:
         """Drop rows registered by an earlier submit and duplicates of an id seen before."""
         ids = list({s["sample_id"] for s in samples})
-        with self.sessions() as s:
+        fresh: list[dict] = []
+        with self._ids_lock, self.sessions() as s:
             rows = s.execute(
                 text("SELECT sample_id, source_file, source_row FROM samples "
                      "WHERE run_id = :run AND sample_id = ANY(:ids)"),
                 {"run": self.run.id, "ids": ids},
             ).all()
-        known = {r.sample_id: (r.source_file, r.source_row) for r in rows}
-        fresh: list[dict] = []
-        for sample in samples:
-            src = (sample["source"]["file"], sample["source"]["row"])
-            first = known.get(sample["sample_id"]) or self.unwritten.get(sample["sample_id"])
-            if first is None:
-                self.unwritten[sample["sample_id"]] = src
-                fresh.append(sample)
-            elif first == src:
-                self.report.samples_known += 1  # the same row, submitted again
-            else:
-                rejects.append(_Reject(src[0], src[1], DUPLICATE_REASON,
-                                       f"sample id {sample['sample_id'][:80]!r} first seen at {first[0]}:{first[1]}"))
+            known = {r.sample_id: (r.source_file, r.source_row) for r in rows}
+            for sample in samples:
+                src = (sample["source"]["file"], sample["source"]["row"])
+                first = known.get(sample["sample_id"]) or self.unwritten.get(sample["sample_id"])
+                if first is None:
+                    self.unwritten[sample["sample_id"]] = src
+                    fresh.append(sample)
+                elif first == src:
+                    self.report.samples_known += 1  # the same row, submitted again
+                else:
+                    rejects.append(_Reject(src[0], src[1], DUPLICATE_REASON,
+                                           f"sample id {sample['sample_id'][:80]!r} first seen at {first[0]}:{first[1]}"))
         return fresh
 
-    # -- one group ----------------------------------------------------------------------
-    def write_group(self, batches: list[list[dict]], rejects: list[_Reject]) -> None:
+    # -- groups -------------------------------------------------------------------------
+    def add_group(self, batches: list[list[dict]], rejects: list[_Reject]) -> None:
+        """Number the group's batches and queue it for the writer; waits while the writer is behind."""
         planned = []
         for rows in batches:
-            seq = self.next_seq
+            planned.append((self.next_seq, input_shard_url(self.run.output_url, self.next_seq), rows))
             self.next_seq += 1
-            planned.append((seq, input_shard_url(self.run.output_url, seq), rows))
-        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            list(pool.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
-        with self.sessions.begin() as s:
-            batch_ids = []
-            for seq, key, rows in planned:
-                batch = Batch(run_id=self.run.id, seq=seq, status=BatchStatus.PLANNED.value, input_key=key,
-                              n_samples=len(rows), attempts=0)
-                s.add(batch)
-                s.flush()
-                batch_ids.append(batch.id)
+        group_rejects = list(rejects)
+        rejects.clear()
+        while len(self._in_writer) > GROUPS_AHEAD:
+            with self.report.timed("reader_waits_for_writer"):
+                self._in_writer.popleft().result()
+        self._in_writer.append(self._writer.submit(self._write_group, planned, group_rejects))
+
+    def finish(self) -> None:
+        """Wait for every queued group; raises the first writer failure."""
+        while self._in_writer:
+            with self.report.timed("reader_waits_for_writer"):
+                self._in_writer.popleft().result()
+
+    def _write_group(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
+        if self._failed.is_set():
+            return  # an earlier group failed: nothing after it is written, the reader raises its error
+        try:
+            self._write_group_in_order(planned, rejects)
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _write_group_in_order(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
+        # 1. shards; 2. one transaction; 3. publish, then mark queued (see the module docstring).
+        with self.report.timed("encode_and_upload"):
+            list(self._uploads.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
+        with self.report.timed("ledger_write"), self.sessions.begin() as s:
+            batch_ids = self._insert_batches(s, planned)
             raw = s.connection().connection.driver_connection
             with raw.cursor() as cur, cur.copy(
                 "COPY samples (run_id, sample_id, batch_id, source_file, source_row, status) FROM STDIN"
@@ -175,13 +233,25 @@ class _Submitter:
                         copy.write_row((self.run.id, r["sample_id"], batch_id, r["source"]["file"],
                                         r["source"]["row"], "pending"))
             self._write_rejects(s, rejects)
-        rejects.clear()
-        for _, _, rows in planned:
-            for r in rows:
-                self.unwritten.pop(r["sample_id"], None)
+        with self._ids_lock:
+            for _, _, rows in planned:
+                for r in rows:
+                    self.unwritten.pop(r["sample_id"], None)
         self.report.batches_new += len(planned)
         self.report.samples_new += sum(len(p[2]) for p in planned)
         self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned, strict=True)])
+
+    def _insert_batches(self, s: Session, planned: list[tuple[int, str, list[dict]]]) -> list[int]:
+        """Every batch of the group in one statement; their ids in ``planned`` order."""
+        rows = s.execute(text(
+            "INSERT INTO batches (run_id, seq, status, input_key, n_samples, attempts, failures) "
+            "SELECT :run, seq, :status, key, n, 0, 0 "
+            "FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:ns AS int[])) AS t(seq, key, n) "
+            "RETURNING id, seq"),
+            {"run": self.run.id, "status": BatchStatus.PLANNED.value, "seqs": [p[0] for p in planned],
+             "keys": [p[1] for p in planned], "ns": [len(p[2]) for p in planned]}).all()
+        by_seq = {r.seq: r.id for r in rows}
+        return [by_seq[seq] for seq, _, _ in planned]
 
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
@@ -201,10 +271,11 @@ class _Submitter:
         rejects.clear()
 
     def publish(self, batches: list[tuple[int, int, str]]) -> None:
-        for batch_id, seq, key in batches:
-            publish_batch(self.app, BatchMessage(run=self.run.name, run_id=self.run.id, batch_id=batch_id,
-                                                 seq=seq, input_key=key), queue=self.run.queue)
-        with self.sessions.begin() as s:
+        messages = [BatchMessage(run=self.run.name, run_id=self.run.id, batch_id=batch_id, seq=seq, input_key=key)
+                    for batch_id, seq, key in batches]
+        with self.report.timed("publish"):
+            publish_messages(self.app, messages, queue=self.run.queue)
+        with self.report.timed("ledger_write"), self.sessions.begin() as s:
             s.execute(update(Batch).where(Batch.id.in_([b[0] for b in batches]),
                                           Batch.status == BatchStatus.PLANNED.value)
                       .values(status=BatchStatus.QUEUED.value, enqueued_at=func.now()))
@@ -213,20 +284,47 @@ class _Submitter:
         with self.sessions() as s:
             rows = s.execute(select(Batch.id, Batch.seq, Batch.input_key).where(
                 Batch.run_id == self.run.id, Batch.status == BatchStatus.PLANNED.value).order_by(Batch.seq)).all()
-        for i in range(0, len(rows), 500):
-            self.publish([(r.id, r.seq, r.input_key) for r in rows[i:i + 500]])
+        for i in range(0, len(rows), PUBLISH_PIPELINE):
+            self.publish([(r.id, r.seq, r.input_key) for r in rows[i:i + PUBLISH_PIPELINE]])
         return len(rows)
 
 
+def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, attempts: int = 3) -> None:
+    """Publish task messages in pipelined round trips: what ``publish_batch`` sends, several times faster.
+
+    kombu's ``Producer.batch`` buffers the Redis commands of each ``send_task`` (the
+    task's LPUSH and the PUBLISH of Flower's task-sent event) and sends them as one
+    pipeline per PUBLISH_PIPELINE commands. A failed round trip leaves delivery
+    uncertain, so the whole list is sent again: a message delivered twice is harmless
+    (the second claim acknowledges without generating), a lost one is not.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
+                for message in messages:
+                    kwargs = message.kwargs()
+                    # Given reprs: Celery would otherwise saferepr() every message (a fifth of the cost).
+                    app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, producer=producer, argsrepr="()",
+                                  kwargsrepr=repr(kwargs))
+            return
+        except (KombuError, OSError) as e:
+            if attempt == attempts:
+                raise
+            log.warning("publishing %d messages failed (%s); attempt %d of %d in %ds", len(messages), e,
+                        attempt + 1, attempts, attempt)
+            time.sleep(attempt)
+
+
 def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,
-               run_name: str, config: RunConfig, output_url: str, batch_size: int, queue: str) -> SubmitReport:
+               run_name: str, config: RunConfig, output_url: str, batch_size: int, queue: str,
+               quality_thresholds: dict | None = None) -> SubmitReport:
     if batch_size <= 0:
         raise ConfigError("--batch-size must be positive")
     if not output_url.startswith("s3://"):
         raise ConfigError(f"--output must be an s3:// URL, got {output_url!r}")
     with sessions.begin() as s:
         run, created = get_or_create_run(s, run_name, config, output_url=output_url, queue=queue,
-                                         batch_size=batch_size)
+                                         batch_size=batch_size, quality_thresholds=quality_thresholds)
         run_id = run.id
     report = SubmitReport(run=run_name, created=created)
     # One submit per run at a time: two would number their batches alike.
@@ -239,8 +337,11 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
         if created:
             store.put(run_manifest_url(run.output_url), encode_manifest(run))
         submitter = _Submitter(sessions, app, store, run, report)
-        report.batches_republished = submitter.republish_planned()
-        _stream_into_batches(submitter, _samples_from(paths, rejects := [], report), rejects, batch_size)
+        try:
+            report.batches_republished = submitter.republish_planned()
+            _stream_into_batches(submitter, _samples_from(paths, rejects := [], report), rejects, batch_size)
+        finally:
+            submitter.close()
         if report.batches_new or report.batches_republished:
             with sessions.begin() as s:
                 s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.FINISHED.value)
@@ -253,24 +354,34 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
 
 def _stream_into_batches(submitter: _Submitter, samples: Iterator[dict], rejects: list[_Reject],
                          batch_size: int) -> None:
+    report = submitter.report
     group_rows = batch_size * GROUP_BATCHES
     carry: list[dict] = []      # new samples not yet in a full batch
     window: list[dict] = []     # rows read, not yet deduplicated
+    start = time.perf_counter()
     for sample in samples:
         window.append(sample)
         if len(window) >= group_rows:
-            carry.extend(submitter._split_known(window, rejects))
+            with report.timed("dedupe"):
+                carry.extend(submitter.split_known(window, rejects))
             window = []
             full = len(carry) // batch_size * batch_size
             if full:
-                submitter.write_group([carry[i:i + batch_size] for i in range(0, full, batch_size)], rejects)
+                submitter.add_group([carry[i:i + batch_size] for i in range(0, full, batch_size)], rejects)
                 carry = carry[full:]
     if window:
-        carry.extend(submitter._split_known(window, rejects))
+        with report.timed("dedupe"):
+            carry.extend(submitter.split_known(window, rejects))
     if carry:
-        submitter.write_group([carry[i:i + batch_size] for i in range(0, len(carry), batch_size)], rejects)
+        submitter.add_group([carry[i:i + batch_size] for i in range(0, len(carry), batch_size)], rejects)
+    reading_s = time.perf_counter() - start
+    submitter.finish()
     if rejects:
         submitter.flush_rejects(rejects)
+    # The reader's own work: everything it did but deduplicate and wait for the writer.
+    timings = report.timings_s
+    timings["read_and_normalize"] = round(reading_s - timings.get("dedupe", 0.0)
+                                          - timings.get("reader_waits_for_writer", 0.0), 3)
 
 
 def encode_manifest(run: Run) -> bytes:

@@ -17,3 +17,12 @@ def tiny_model(tmp_path_factory) -> Path:
     from worker.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / f"tiny-{TEST_VARIANT}", variant=TEST_VARIANT)
+
+
+@pytest.fixture(scope="session")
+def stub_model(tmp_path_factory) -> Path:
+    """The tiny model trained to answer every prompt with an empty thought and "OK."."""
+    pytest.importorskip("vllm", reason="the engine tests need vLLM's CPU build (pip install -e .[cpu])")
+    from worker.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-stub", variant="stub")
