@@ -194,5 +194,6 @@ class Launcher:
 
 
 def run_launcher(plans: list[ProcessPlan]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: the `regen` command configured WARNING-level logging before it knew it would launch workers.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     return Launcher(plans).run()
