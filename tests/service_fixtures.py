@@ -44,14 +44,16 @@ def pg_database() -> Iterator[str]:
         admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as e:
         _unavailable("Postgres at " + ADMIN_DSN, e)
-    admin.execute(f'CREATE DATABASE "{name}"')
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
     url = f"{_base(ADMIN_DSN)}/{name}"
     migrate.upgrade(Settings(database_url=url))
     try:
         yield url
     finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+        # A new connection: a fault test may have restarted Postgres since.
+        with psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=30) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
