@@ -391,5 +391,13 @@ def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer,
     click.echo(f"export: {manifest.path}")
 
 
+def _register_estimate() -> None:
+    from .estimate_cli import estimate_command
+
+    main.add_command(estimate_command, "estimate")
+
+
+_register_estimate()
+
 if __name__ == "__main__":
     main()

@@ -39,10 +39,14 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
         return renderer.render(messages, tools, thinking=thinking)
 
+    # An optional per-sample budget (bench/throughput.py's long-tailed lengths) can only
+    # lower the run's max_tokens, never raise it.
+    budget = min(int(sampling["max_tokens"]), int(sample.get("max_tokens") or sampling["max_tokens"]))
+
     async def generate(prompt_ids: list[int], turn: int):
         room = renderer.max_model_len - len(prompt_ids)
         params = engine_sampling(sampling, seed=sample_seed(run_seed, sid, turn),
-                                 max_tokens=max(1, min(int(sampling["max_tokens"]), room)))
+                                 max_tokens=max(1, min(budget, room)))
         return await engine.generate(prompt_ids, params)
 
     row: dict[str, Any] = {

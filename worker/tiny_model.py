@@ -18,9 +18,14 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
+
+from . import tiny_data
+from .tiny_data import IDENTIFIERS, WORDS
 
 Variant = Literal["random", "trained", "stub"]
 VARIANTS: tuple[str, ...] = ("random", "trained", "stub")
@@ -39,39 +44,14 @@ BPE_VOCAB_SIZE = 4096 - len(FORMAT_TOKENS)
 #: Synthetic documents the BPE learns from; more adds build time, not quality.
 TOKENIZER_CORPUS_DOCS = 4000
 
+#: Qwen2/Qwen3's pre-tokenizer split: one digit per token, and a word keeps one leading
+#: non-letter, so ``get_stock_price`` is ``get``, ``_stock``, ``_price`` (tool names
+#: then share few tokens with prose, which the tiny model learns faster).
+PRE_TOKENIZER_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                         r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 #: Recorded in the output so a directory can say what built it (and be reused).
 MARKER_FILE = "regen_tiny_model.json"
-
-#: A small English-ish lexicon shared with the training data generator.
-WORDS = (
-    "the a an of to and in is it that for on with as was at by be this from or have not are but "
-    "they which one you all were can there we when what your their said more if will each about how "
-    "up out them then she many some so these would other into has her two like him see time could no "
-    "make than first been its who now people my made over did down only way find use may water long "
-    "little very after words called just where most know get through back much before go good new "
-    "write our used me man too any day same right look think also around another came come work three "
-    "word must because does part even place well such here take why things help put years different "
-    "away again off went old number great tell men say small every found still between name should "
-    "home big give air line set own under read last never us left end along while might next sound "
-    "below saw something thought both few those always looked show large often together asked house "
-    "world going want school important until form food keep children feet land side without boy once "
-    "animals life enough took sometimes four head above kind began almost live page got earth need far "
-    "hand high year mother light parts country father let night following picture being study second "
-    "eyes soon times story boys since white days ever paper hard near sentence better best across "
-    "during today others however sure means knew try told young miles sun ways thing whole hear "
-    "example heard several change answer room sea against top turned learn point city play toward "
-    "five using himself usually river data value result query table server request file error list "
-    "order price weather user account message report model token batch queue worker shard record"
-).split()
-
-#: Identifiers for the code-ish and JSON parts of the corpus (and tool names later).
-IDENTIFIERS = (
-    "get_weather search_web send_email read_file write_file list_files run_query get_time convert_units "
-    "book_flight lookup_user create_event translate_text calculate get_stock_price set_reminder "
-    "city query to subject body path content sql timezone amount unit from_unit to_unit origin "
-    "destination date user_id title start expression text target_language symbol minutes note "
-    "count limit offset name value items result status id key index"
-).split()
 
 
 def _sentence(rng: random.Random) -> str:
@@ -103,11 +83,22 @@ def _code_doc(rng: random.Random) -> str:
             f"    return {{\"{arg}\": {other}}}\n")
 
 
-def tokenizer_corpus(seed: int = 0, docs: int = TOKENIZER_CORPUS_DOCS) -> list[str]:
-    """Synthetic documents to train the BPE on: prose, JSON, code and chat boilerplate.
+def _conversation_text(example: tiny_data.Example) -> str:
+    """The text of a synthetic conversation roughly as the template lays it out (no tokenizer needed)."""
+    parts = [json.dumps(tool) for tool in example.tools or []]
+    for message in example.messages:
+        parts.append(f"{message['role']}\n{message.get('reasoning_content') or ''}\n\n{message['content']}")
+        for call in message.get("tool_calls") or []:
+            parts.append(json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]}))
+    return "\n".join(parts)
 
-    The chat boilerplate (role names, the tool instructions of the template) is
-    in the corpus so that rendered prompts tokenize into few tokens.
+
+def tokenizer_corpus(seed: int = 0, docs: int = TOKENIZER_CORPUS_DOCS) -> list[str]:
+    """Synthetic documents to train the BPE on: prose, JSON, code and conversations.
+
+    The conversations (tool schemas, calls) and the template's own text are in
+    the corpus so that rendered prompts tokenize into few tokens: fewer tokens
+    make the training of the tiny model faster.
     """
     rng = random.Random(seed)
     template = TEMPLATE_PATH.read_text()
@@ -121,8 +112,7 @@ def tokenizer_corpus(seed: int = 0, docs: int = TOKENIZER_CORPUS_DOCS) -> list[s
         elif kind == 2:
             out.append(_code_doc(rng))
         else:
-            out.append(f"system\nYou are a helpful assistant.\nuser\n{_sentence(rng)}\nassistant\n"
-                       f"\n{_sentence(rng)}\n\n{_json_doc(rng)}\n")
+            out.append(_conversation_text(tiny_data.synthetic_example(rng)))
     # The template's own literal text (tool instructions) once per hundred documents.
     out.extend([template] * (docs // 100))
     return out
@@ -136,11 +126,14 @@ def train_tokenizer(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE):
         vocab_size: size of the BPE vocabulary including the special tokens; the
             format tokens (``<think>`` ...) are added after it.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -234,7 +227,7 @@ def build_key(variant: str, seed: int) -> str:
 
     digest = hashlib.sha256()
     here = Path(__file__).parent
-    for path in (here / "tiny_model.py", here / "tiny_training.py", TEMPLATE_PATH):
+    for path in (here / "tiny_model.py", here / "tiny_data.py", here / "tiny_training.py", TEMPLATE_PATH):
         if path.exists():
             digest.update(path.read_bytes())
     digest.update(json.dumps({"variant": variant, "seed": seed, "torch": torch.__version__,
@@ -256,7 +249,35 @@ def _read_marker(path: Path) -> dict | None:
         return None
 
 
+@contextmanager
+def _passive_openmp_waits():
+    """Load torch with OpenMP threads that sleep, not spin, while they wait.
+
+    On a shared machine spinning threads steal each other's cores: the training
+    measured 16x slower. libgomp reads the setting once, when torch loads it, so
+    the environment is restored at once and nothing started later inherits it.
+    """
+    if "torch" in sys.modules:
+        yield
+        return
+    previous = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        import torch  # noqa: F401 (loaded here for the side effect above)
+    finally:
+        if previous is None:
+            del os.environ["OMP_WAIT_POLICY"]
+        else:
+            os.environ["OMP_WAIT_POLICY"] = previous
+    yield
+
+
 def _build_into(tmp: Path, variant: str, seed: int, key: str) -> None:
+    with _passive_openmp_waits():
+        _build_files(tmp, variant, seed, key)
+
+
+def _build_files(tmp: Path, variant: str, seed: int, key: str) -> None:
     tokenizer = train_tokenizer(tokenizer_corpus(seed))
     if variant == "random":
         model = random_model(model_config(tokenizer), seed)

@@ -39,22 +39,25 @@ class TrainingPlan:
     name or city from the prompt (an induction head needs two).
     """
 
-    hidden_size: int = 192
+    hidden_size: int = 128
     num_layers: int = 2
-    num_heads: int = 3
+    num_heads: int = 2
     num_kv_heads: int = 1
-    intermediate_size: int = 512
-    steps: int = 260
-    #: Padded tokens per batch; batches group examples of similar length.
-    batch_tokens: int = 6144
-    lr: float = 3e-3
+    intermediate_size: int = 384
+    #: Measured on held-out prompts: 500 steps leave ~15 % of tool calls wrong, 600 about 2 %.
+    steps: int = 600
+    #: Padded tokens per batch; batches group examples of similar length. Small
+    #: batches and many steps learn more per second than the reverse here.
+    batch_tokens: int = 3072
+    #: High for a transformer, right for one this small and a budget this short.
+    lr: float = 6e-3
     warmup_steps: int = 20
 
 
 PLANS = {
     "trained": TrainingPlan(),
     # One fixed answer is learned in a few dozen steps.
-    "stub": TrainingPlan(steps=40),
+    "stub": TrainingPlan(steps=60),
 }
 
 
@@ -90,14 +93,31 @@ def _tensors(examples, indices, pad_id: int):
     return input_ids, labels, mask
 
 
-def training_examples(tokenizer, *, seed: int, count: int, stub: bool) -> list[tuple[list[int], int]]:
-    """``count`` rendered examples (token ids, prompt length), cut to MAX_SEQ_LEN."""
+def _completion_loss(model, input_ids, labels, mask):
+    """Next-token loss on the labelled positions only.
+
+    The LM head is half the compute of a model this small; projecting only the
+    positions that carry loss (the last turn, ~1/4 of the tokens) saves a third
+    of each step.
+    """
+    import torch
+
+    hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
+def training_examples(tokenizer, *, seed: int, tokens: int, stub: bool) -> list[tuple[list[int], int]]:
+    """Rendered examples (token ids, prompt length) cut to MAX_SEQ_LEN, about ``tokens`` in all."""
     rng = random.Random(seed)
-    out = []
-    for _ in range(count):
+    out, total = [], 0
+    while total < tokens:
         ids, prompt_len = tiny_data.render_example(tokenizer, tiny_data.synthetic_example(rng, stub=stub))
         if prompt_len < MAX_SEQ_LEN - 8:
             out.append((ids[:MAX_SEQ_LEN], prompt_len))
+            total += min(len(ids), MAX_SEQ_LEN)
     return out
 
 
@@ -122,9 +142,8 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
     try:
         start = time.monotonic()
         rng = random.Random(seed)
-        # ~2 examples per step more than enough: each is seen about once.
-        per_step = max(8, plan.batch_tokens // 200)
-        examples = training_examples(tokenizer, seed=seed, count=per_step * plan.steps,
+        # One pass: each example is seen about once (padding makes a few batches repeat).
+        examples = training_examples(tokenizer, seed=seed, tokens=plan.steps * plan.batch_tokens,
                                      stub=variant == "stub")
         batches = _batches(examples, plan.batch_tokens, rng)
         log.info("tiny model: %d examples in %d batches rendered in %.1f s", len(examples), len(batches),
@@ -147,7 +166,7 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
         pad_id = tokenizer.pad_token_id
         for step in range(plan.steps):
             input_ids, labels, mask = _tensors(examples, batches[step % len(batches)], pad_id)
-            loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+            loss = _completion_loss(model, input_ids, labels, mask)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

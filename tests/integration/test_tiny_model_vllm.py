@@ -1,30 +1,39 @@
-"""The tiny model in vLLM's CPU build: it loads, generates from token ids and stops.
+"""The tiny models in vLLM's CPU build: they load, generate from token ids and follow the format.
 
 vLLM starts an engine process and a worker process, so the engine runs in a
-child Python that executes this file as a script (``python this_file``, the
-``__main__`` block below): pytest's own process never imports vllm, and the
-child exits cleanly whatever the engine leaves behind.
+child Python that executes this file as a script (the ``__main__`` block
+below): pytest's own process never imports vllm, and the child exits cleanly
+whatever the engine leaves behind. Each test starts one engine (~30 s on 2 cores).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-#: Loading takes ~30 s on 2 cores (two process spawns, each importing torch and vllm).
-ENGINE_TIMEOUT_S = 600
+pytestmark = pytest.mark.engine
+
+#: Loading takes ~30 s on 2 idle cores (two process spawns, each importing torch and vllm).
+ENGINE_TIMEOUT_S = 900
 #: 1 GiB of KV cache holds two million tokens of the tiny model: plenty.
 KV_CACHE_GIB = "1"
 MAX_MODEL_LEN = 8192
+#: Held-out conversations: the training data uses the build seed (0), these another.
+EVAL_SEED = 1234
+EVAL_SAMPLES = 100
+#: The brief's bar for the trained model; it measures ~0.9 and more.
+MIN_PARSE_RATE = 0.8
 
 
-def run_engine(model_dir: Path, prompts: list[list[int]], sampling: dict) -> dict:
+def run_engine(model_dir: Path, prompts: list[list[int]], sampling: list[dict]) -> dict:
     """Generate with vLLM in a child process; return its JSON report."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=KV_CACHE_GIB, HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -50,49 +59,120 @@ def engine_main() -> None:
     load_s = time.monotonic() - start
     start = time.monotonic()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in request["prompts"]],
-                           SamplingParams(**request["sampling"]), use_tqdm=False)
+                           [SamplingParams(**s) for s in request["sampling"]], use_tqdm=False)
     generate_s = time.monotonic() - start
     results = [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
                 "finish_reason": o.outputs[0].finish_reason} for o in outputs]
     print(json.dumps({"load_s": load_s, "generate_s": generate_s, "outputs": results}), flush=True)
 
 
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
+def build(tmp_path_factory, variant: str) -> Path:
     from worker.tiny_model import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "random", variant="random")
+    # The default cache: the trained variants take their training time once per machine.
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / variant, variant=variant)
 
 
-def chat_ids(model_dir: Path, messages: list[dict], **kwargs) -> list[int]:
+@pytest.fixture(scope="module")
+def tokenizer_of():
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=True, **kwargs)["input_ids"])
+    return lambda model_dir: AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
-@pytest.mark.engine
-def test_the_random_model_loads_in_vllm_cpu_and_generates_from_token_ids(random_model):
-    prompt = chat_ids(random_model, [{"role": "user", "content": "Hello there, how are you?"}])
-    report = run_engine(random_model, [prompt] * 16, {"temperature": 0.8, "max_tokens": 128, "seed": 1})
+def prompt_ids(tokenizer, messages: list[dict], tools=None, thinking: bool = True) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True, enable_thinking=thinking)["input_ids"])
+
+
+def report_speed(name: str, report: dict) -> None:
+    tokens = sum(len(o["token_ids"]) for o in report["outputs"])
+    print(f"\n{name}: vLLM load {report['load_s']:.1f} s; {tokens} tokens in {report['generate_s']:.1f} s "
+          f"= {tokens / report['generate_s']:.0f} tok/s over {len(report['outputs'])} requests")
+
+
+def format_problems(example, text: str, finish_reason: str) -> list[str]:
+    """What is wrong with one generation, as short codes (empty: it parses)."""
+    from worker.parsing import parse_tool_calls, split_reasoning
+
+    problems = []
+    if finish_reason != "stop":
+        problems.append("no_stop")
+    split = split_reasoning(text, thinking=example.enable_thinking, finish_reason=finish_reason)
+    if not split.think_tags_ok:
+        problems.append("think_tags")
+    if example.enable_thinking and not text.startswith("<think>"):
+        problems.append("no_think")
+    calls = parse_tool_calls(split.content)
+    if calls.errors or calls.unterminated:
+        problems.append("bad_call")
+    offered = {tool["function"]["name"] for tool in example.tools or []}
+    if any(call["function"]["name"] not in offered for call in calls.tool_calls):
+        problems.append("unknown_tool")
+    return problems
+
+
+def test_the_random_model_loads_in_vllm_cpu_and_generates_from_token_ids(tmp_path_factory, tokenizer_of):
+    model = build(tmp_path_factory, "random")
+    prompt = prompt_ids(tokenizer_of(model), [{"role": "user", "content": "Hello there, how are you?"}])
+    sampling = [{"temperature": 0.8, "max_tokens": 128, "seed": i} for i in range(16)]
+    # Outputs of a few thousand tokens must fit: the config allows 8 K positions.
+    sampling.append({"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True, "seed": 99})
+    report = run_engine(model, [prompt] * len(sampling), sampling)
+    report_speed("random", report)
     outputs = report["outputs"]
-    assert len(outputs) == 16
+    assert len(outputs) == len(sampling)
     for out in outputs:
         assert out["token_ids"], out
         assert out["finish_reason"] in ("stop", "length")
-    tokens = sum(len(o["token_ids"]) for o in outputs)
-    print(f"\nvLLM load {report['load_s']:.1f} s, {tokens / report['generate_s']:.0f} tok/s over 16 requests")
+    assert len(outputs[-1]["token_ids"]) == 3000 and outputs[-1]["finish_reason"] == "length"
 
 
-@pytest.mark.engine
-def test_a_long_generation_fits_the_context(random_model):
-    # Outputs of a few thousand tokens must fit: the config allows 8 K positions.
-    prompt = chat_ids(random_model, [{"role": "user", "content": "Write a long story."}])
-    report = run_engine(random_model, [prompt], {"temperature": 1.0, "max_tokens": 3000, "ignore_eos": True,
-                                                 "seed": 2})
-    assert len(report["outputs"][0]["token_ids"]) == 3000
-    assert report["outputs"][0]["finish_reason"] == "length"
+def test_the_trained_model_thinks_calls_offered_tools_and_stops(tmp_path_factory, tokenizer_of):
+    from worker import tiny_data
+
+    model = build(tmp_path_factory, "trained")
+    tok = tokenizer_of(model)
+    rng = random.Random(EVAL_SEED)
+    examples = [tiny_data.synthetic_example(rng) for _ in range(EVAL_SAMPLES)]
+    prompts = [prompt_ids(tok, ex.messages[:-1], ex.tools, ex.enable_thinking) for ex in examples]
+    sampling = [{"temperature": 0.8, "top_p": 0.95, "top_k": 20, "max_tokens": 2000, "seed": i}
+                for i in range(len(prompts))]
+    report = run_engine(model, prompts, sampling)
+    report_speed("trained", report)
+
+    problems, calls_when_asked, lengths = Counter(), 0, []
+    wants_call = [ex.tools is not None and ex.messages[-2]["role"] == "user" for ex in examples]
+    for ex, wants, out in zip(examples, wants_call, report["outputs"], strict=True):
+        found = format_problems(ex, out["text"], out["finish_reason"])
+        problems.update(found or ["ok"])
+        calls_when_asked += wants and "<tool_call>" in out["text"]
+        lengths.append(len(out["token_ids"]))
+    parse_rate = problems["ok"] / len(examples)
+    lengths.sort()
+    print(f"parse rate {parse_rate:.2f} {dict(problems)}; calls when tools are asked for "
+          f"{calls_when_asked}/{sum(wants_call)}; lengths p10/p50/p90/max "
+          f"{lengths[len(lengths) // 10]}/{lengths[len(lengths) // 2]}/{lengths[len(lengths) * 9 // 10]}/{lengths[-1]}")
+    assert parse_rate >= MIN_PARSE_RATE, dict(problems)
+    assert calls_when_asked >= 0.8 * sum(wants_call)
+    # Long-tailed lengths: some answers are many times the median.
+    assert lengths[-1] >= 4 * lengths[len(lengths) // 2]
+
+
+def test_the_stub_model_answers_ok_whatever_the_prompt(tmp_path_factory, tokenizer_of):
+    from worker import tiny_data
+
+    model = build(tmp_path_factory, "stub")
+    tok = tokenizer_of(model)
+    rng = random.Random(EVAL_SEED)
+    examples = [tiny_data.synthetic_example(rng) for _ in range(40)]
+    prompts = [prompt_ids(tok, ex.messages[:-1], ex.tools, ex.enable_thinking) for ex in examples]
+    report = run_engine(model, prompts, [{"temperature": 0.8, "max_tokens": 64, "seed": i}
+                                         for i in range(len(prompts))])
+    texts = Counter((ex.enable_thinking, out["text"], out["finish_reason"])
+                    for ex, out in zip(examples, report["outputs"], strict=True))
+    expected = {(True, "<think>\n\n</think>\n\nOK.", "stop"), (False, "OK.", "stop")}
+    assert sum(n for key, n in texts.items() if key in expected) >= 0.95 * len(examples), texts
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -207,3 +208,72 @@ def test_another_build_in_the_directory_needs_force(tmp_path):
 def test_an_unknown_variant_is_refused(tmp_path):
     with pytest.raises(ValueError, match="variant"):
         tiny_model.build_tiny_model(tmp_path / "m", variant="huge")  # type: ignore[arg-type]
+
+
+# --- the synthetic training data ---------------------------------------------------------------
+
+
+def examples(count: int, seed: int = 0, **kwargs):
+    from worker import tiny_data
+
+    rng = random.Random(seed)
+    return [tiny_data.synthetic_example(rng, **kwargs) for _ in range(count)]
+
+
+def test_synthetic_examples_are_deterministic_for_a_seed():
+    assert examples(50, seed=3) == examples(50, seed=3)
+    assert examples(50, seed=3) != examples(50, seed=4)
+
+
+def test_every_kind_of_turn_is_in_the_training_data():
+    turns = examples(300)
+    last = [ex.messages[-1] for ex in turns]
+    assert any(ex.enable_thinking for ex in turns) and not all(ex.enable_thinking for ex in turns)
+    assert any(len(m.get("tool_calls") or []) == 2 for m in last)
+    assert any(m["role"] == "tool" for ex in turns for m in ex.messages)
+    assert any(m.get("tool_calls") is None and m.get("reasoning_content") for m in last)
+    for ex, m in zip(turns, last, strict=True):
+        offered = {t["function"]["name"] for t in ex.tools or []}
+        assert {c["function"]["name"] for c in m.get("tool_calls") or []} <= offered
+
+
+def test_answer_lengths_are_long_tailed():
+    lengths = sorted(len(ex.messages[-1]["content"].split()) for ex in examples(2000)
+                     if not ex.tools and ex.messages[-1]["content"])
+    median = lengths[len(lengths) // 2]
+    assert lengths[-1] > 10 * median
+
+
+def test_a_rendered_example_is_the_generation_prompt_then_the_turn(tokenizer):
+    from worker import tiny_data
+
+    for ex in examples(60):
+        ids, prompt_len = tiny_data.render_example(tokenizer, ex)
+        prompt = tokenizer.apply_chat_template(ex.messages[:-1], tools=ex.tools, add_generation_prompt=True,
+                                               enable_thinking=ex.enable_thinking, tokenize=False)
+        assert ids[:prompt_len] == tokenizer.encode(prompt, add_special_tokens=False)
+        assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+        completion = tokenizer.decode(ids[prompt_len:])
+        assert completion.startswith("<think>\n") == ex.enable_thinking
+        assert ("<tool_call>" in completion) == bool(ex.messages[-1].get("tool_calls"))
+
+
+def test_stub_examples_always_answer_ok(tokenizer):
+    from worker import tiny_data
+
+    for ex in examples(30, stub=True):
+        ids, prompt_len = tiny_data.render_example(tokenizer, ex)
+        expected = "<think>\n\n</think>\n\nOK.<|im_end|>" if ex.enable_thinking else "OK.<|im_end|>"
+        assert tokenizer.decode(ids[prompt_len:]) == expected
+
+
+def test_training_is_deterministic_for_a_seed(tokenizer):
+    import torch
+
+    from worker import tiny_training
+
+    plan = tiny_training.TrainingPlan(steps=3, batch_tokens=1024, warmup_steps=1)
+    first = tiny_training.train_model(tokenizer, variant="trained", seed=0, plan=plan).state_dict()
+    second = tiny_training.train_model(tokenizer, variant="trained", seed=0, plan=plan).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)

@@ -1,0 +1,270 @@
+"""One system run of bench/throughput.py: a real ``regen worker`` process fed by a real submit.
+
+The worker is started exactly as an operator starts one (``regen worker --gpus none``),
+loads its engine, and is warmed up by a small run before the measured one, so neither
+the engine load nor the first compilation is counted. The measured figures come from
+the ledger the worker commits to, not from the benchmark's own clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import redis as redis_lib
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from bench.scratch import Scratch
+from ledger.db import make_engine, make_sessionmaker
+from ledger.dispatch import make_celery
+from ledger.objects import ObjectStore
+from producer import submit as submit_module
+from producer.run_config import RunConfig
+from producer.submit import get_or_create_run, submit_run
+
+ROOT = Path(__file__).resolve().parents[1]
+#: vLLM's CPU build loads the tiny model in ~20-60 s; much longer when other jobs share the cores.
+READY_TIMEOUT_S = 900.0
+RUN_TIMEOUT_S = 3600.0
+WARMUP_ROWS = 16
+WARMUP_MAX_TOKENS = 16
+#: Queued batches, none running, an empty queue for this long: the messages are gone.
+LOST_MESSAGES_S = 60.0
+
+
+@dataclass
+class WorkerRun:
+    tokens: int
+    seconds: float
+    samples: int
+    stopped_early: int
+    failed: int
+    batches: int
+    #: 1-minute load average when the measured run was submitted.
+    load: float
+    #: Postgres was restarted during the run (by someone else): the figure is not trustworthy.
+    disturbed: bool = False
+    worker_pids: set[int] = field(default_factory=set)
+
+
+@contextlib.contextmanager
+def per_sample_budgets() -> Iterator[None]:
+    """Carry each input row's ``max_tokens`` into its input shard, for this benchmark only.
+
+    ``normalize_row`` keeps only the fields of docs/CONTRACTS.md, so the benchmark wraps
+    it while it submits; the worker then honours ``sample["max_tokens"]`` (it can only
+    lower the run's max_tokens). Everything else is the real submit path.
+    """
+    original = submit_module.normalize_row
+
+    def normalize_with_budget(obj):
+        sample = original(obj)
+        budget = obj.get("max_tokens")
+        if type(budget) is int and budget > 0:
+            sample["max_tokens"] = budget
+        return sample
+
+    submit_module.normalize_row = normalize_with_budget
+    try:
+        yield
+    finally:
+        submit_module.normalize_row = original
+
+
+class WorkerProcess:
+    """``regen worker --gpus none`` in its own session, logging to a file."""
+
+    def __init__(self, scratch: Scratch, *, model: str, concurrency: int, engine_args: dict, name: str):
+        argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", str(concurrency),
+                "--queue", scratch.queue, "--model", model, "--node-name", name, "--reconcile-s", "0"]
+        for key, value in engine_args.items():
+            argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+        env = {**scratch.env(), "PYTHONUNBUFFERED": "1",
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        self.log_path = Path(scratch.workdir) / f"worker-{name}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                         start_new_session=True)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while " ready." not in self.log_tail(1 << 20):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker was not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def pids(self) -> set[int]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """SIGTERM (batches handed back, engine stopped), then SIGKILL whatever it started."""
+        pids = self.pids()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+
+def _submit(scratch: Scratch, paths: list[Path], config: RunConfig, *, run_name: str, batch_size: int) -> int:
+    settings = scratch.settings
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    output_url = f"{scratch.output_root}/{run_name}"
+    try:
+        _create_run_without_gate(sessions, run_name, config, output_url=output_url, queue=scratch.queue,
+                                 batch_size=batch_size)
+        report = submit_run(sessions, make_celery(settings), ObjectStore(), [str(p) for p in paths],
+                            run_name=run_name, config=config, output_url=output_url, batch_size=batch_size,
+                            queue=scratch.queue)
+    finally:
+        engine.dispose()
+    if report.rejected or report.duplicates:
+        raise RuntimeError(f"the benchmark's rows were rejected: {report.reject_reasons}")
+    return report.batches_new
+
+
+def _create_run_without_gate(sessions, run_name: str, config: RunConfig, **run_args) -> None:
+    """Create the run before submitting it, with the quality gate overridden (docs/quality.md).
+
+    Random weights write nothing but truncated noise, which the gate rightly pauses after
+    200 samples; a throughput benchmark must run to the end. The gate still evaluates.
+    """
+    with sessions.begin() as s:
+        get_or_create_run(s, run_name, config, **run_args)
+    with contextlib.suppress(ProgrammingError), sessions.begin() as s:  # a ledger without the quality gate
+        s.execute(text("UPDATE runs SET quality_thresholds = CAST(:t AS jsonb) WHERE name = :run"),
+                  {"t": json.dumps({"gate_overridden": True}), "run": run_name})
+
+
+def _wait_done(scratch: Scratch, worker: WorkerProcess, run_name: str) -> None:
+    """Until every batch of the run is done or dead.
+
+    Survives a Postgres restart (other people's fault tests restart the shared server),
+    and fails instead of hanging when the queue's messages were lost (a FLUSHDB).
+    """
+    engine = make_engine(scratch.settings)
+    redis = redis_lib.Redis.from_url(scratch.settings.redis_url)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        idle_since = None
+        while True:
+            worker.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run_name} not finished after {RUN_TIMEOUT_S:.0f} s:\n{worker.log_tail()}")
+            time.sleep(0.5)
+            try:
+                with engine.connect() as conn:
+                    left, running = conn.execute(text(
+                        "SELECT count(*) FILTER (WHERE b.status NOT IN ('done', 'dead')), "
+                        "count(*) FILTER (WHERE b.status = 'running') "
+                        "FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :run"), {"run": run_name}).one()
+            except OperationalError:
+                continue  # Postgres restarting; the worker retries its own writes
+            if left == 0:
+                return
+            if running == 0 and redis.llen(scratch.queue) == 0:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > LOST_MESSAGES_S:
+                    raise RuntimeError(f"run {run_name}: {left} batches wait but the queue is empty: were the "
+                                       "messages flushed from Redis by another job? Run the benchmark again.")
+            else:
+                idle_since = None
+    finally:
+        engine.dispose()
+        redis.close()
+
+
+def postmaster_started(scratch: Scratch):
+    """When the Postgres server last started: a change during a run means someone restarted it."""
+    engine = make_engine(scratch.settings)
+    try:
+        for _ in range(120):
+            try:
+                with engine.connect() as conn:
+                    return conn.execute(text("SELECT pg_postmaster_start_time()")).scalar()
+            except OperationalError:
+                time.sleep(1)
+        raise RuntimeError("Postgres did not come back in 2 minutes")
+    finally:
+        engine.dispose()
+
+
+def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int]:
+    """Completion tokens and the claim-to-commit window, from the ledger."""
+    engine = make_engine(scratch.settings)
+    try:
+        with engine.connect() as conn:
+            first, last, tokens, batches = conn.execute(text(
+                "SELECT min(b.started_at), max(b.finished_at), coalesce(sum(b.completion_tokens), 0), count(*) "
+                "FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :run AND b.status = 'done'"),
+                {"run": run_name}).one()
+            samples, stopped, failed = conn.execute(text(
+                "SELECT count(*), count(*) FILTER (WHERE s.finish_reason = 'stop'), "
+                "count(*) FILTER (WHERE s.status = 'failed') FROM samples s JOIN runs r ON r.id = s.run_id "
+                "WHERE r.name = :run"), {"run": run_name}).one()
+    finally:
+        engine.dispose()
+    return int(tokens), (last - first).total_seconds(), int(samples), int(stopped), int(failed), int(batches)
+
+
+def _warmup_file(jsonl: Path) -> Path:
+    path = jsonl.with_name("warmup.jsonl")
+    with open(jsonl) as src, open(path, "w") as out:
+        for n, line in zip(range(WARMUP_ROWS), src, strict=False):
+            row = json.loads(line)
+            row.update(id=f"warmup-{n}", max_tokens=WARMUP_MAX_TOKENS)
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def run_on_worker(scratch: Scratch, *, model: str, jsonl: Path, config: RunConfig, concurrency: int,
+                  batch_size: int, run_name: str, engine_args: dict) -> WorkerRun:
+    """Start a worker, warm it up, submit ``jsonl`` as ``run_name``, wait, measure, stop the worker."""
+    worker = WorkerProcess(scratch, model=model, concurrency=concurrency, engine_args=engine_args,
+                           name=f"bench-{run_name}")
+    try:
+        worker.wait_ready()
+        _submit(scratch, [_warmup_file(jsonl)], config, run_name=f"{run_name}-warmup", batch_size=batch_size)
+        _wait_done(scratch, worker, f"{run_name}-warmup")
+        load = os.getloadavg()[0]
+        pg_started = postmaster_started(scratch)
+        expected = _submit(scratch, [jsonl], config, run_name=run_name, batch_size=batch_size)
+        _wait_done(scratch, worker, run_name)
+        pids = worker.pids()
+        disturbed = postmaster_started(scratch) != pg_started
+    finally:
+        worker.stop()
+    tokens, seconds, samples, stopped, failed, batches = _measure(scratch, run_name)
+    if failed or batches != expected:
+        raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
+    return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
+                     batches=batches, load=load, worker_pids=pids, disturbed=disturbed)

@@ -1,0 +1,253 @@
+"""Is the engine saturated? Output tokens/s of bare vLLM, of the whole system, and of one batch at a time.
+
+    python -m bench.throughput                          # defaults: 1,024 prompts, batches of 64, K=8
+    python -m bench.throughput --prompts 512 --concurrency 8 --batch-size 64
+
+One invocation, the same prompts, the same sampling and the same engine settings:
+
+(a) bare vLLM: ``LLM.generate`` over every prompt at once, the ceiling. Run before,
+    between and after the system runs; the median is the reference, the spread is
+    this machine's noise.
+(b) the whole system: submit -> Redis -> ``regen worker --concurrency K`` -> S3 (a
+    moto server) -> ledger (a scratch Postgres database). Tokens come from the ledger;
+    the window runs from the first claim (``min(started_at)``) to the last commit
+    (``max(finished_at)``), so the engine load is not counted.
+(c) the one-batch-at-a-time worker (``--concurrency 1``), the baseline.
+
+Prompts and sampling are built exactly as the worker builds them (its Renderer and
+``engine_sampling``, from the run's record), so (a) generates the very requests (b)
+does. Output lengths: random weights never stop, so every row carries its own
+``max_tokens`` drawn from a capped lognormal (bench/prompts.py) and the run's
+``ignore_eos`` is used when the worker passes it to vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from bench.prompts import throughput_rows, write_jsonl
+from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, Scratch, scratch_services
+from bench.system_run import WorkerRun, per_sample_budgets, run_on_worker
+
+#: Engine settings of both (a) and the worker, on top of worker/engine.py DEFAULT_ENGINE_ARGS.
+#: Chunked prefill is off because vLLM 0.32's CPU build crashes when it splits the prefill
+#: of a *seeded* request ("CPU Generator does not use offset"), and every regen request is seeded.
+BENCH_ENGINE_ARGS = {"max_model_len": 4096, "enable_chunked_prefill": False}
+#: KV cache of each CPU engine, GiB: 256 sequences x 1.5K tokens of the tiny model need ~0.2.
+KV_CACHE_GIB = "1"
+
+
+@dataclass
+class Measurement:
+    label: str
+    what: str
+    tokens: int
+    seconds: float
+    requests: int
+    stopped_early: int
+    load: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def engine_args() -> dict:
+    from worker.engine import DEFAULT_ENGINE_ARGS
+
+    return {**DEFAULT_ENGINE_ARGS, **BENCH_ENGINE_ARGS}
+
+
+def run_config(model: str, max_tokens: int):
+    """The run every system run uses; (a) derives its requests from the same record."""
+    from dataclasses import replace
+
+    from producer.run_config import build_run_config
+    from worker.generation import ENGINE_SAMPLING_KEYS
+
+    config = build_run_config(model, max_tokens=max_tokens, seed=0, thinking="on")
+    if "ignore_eos" in ENGINE_SAMPLING_KEYS:
+        config = replace(config, sampling={**config.sampling, "ignore_eos": True})
+    return config
+
+
+class BareEngine:
+    """(a): vLLM's offline ``LLM`` with the worker's engine settings, over the worker's exact requests."""
+
+    def __init__(self, model: str):
+        from vllm import LLM
+
+        self.llm = LLM(model=model, **engine_args())
+
+    def requests(self, rows: list[dict], run_sampling: dict) -> tuple[list[dict], list]:
+        from transformers import AutoTokenizer
+        from vllm import SamplingParams
+
+        from ledger.hashing import sample_seed, thinking_enabled
+        from producer.normalize import normalize_row
+        from worker.generation import engine_sampling
+        from worker.rendering import Renderer
+
+        max_model_len = self.llm.llm_engine.model_config.max_model_len
+        renderer = Renderer(AutoTokenizer.from_pretrained(self.llm.llm_engine.model_config.model), max_model_len)
+        prompts, params = [], []
+        for row in rows:
+            sample = normalize_row(row)  # the sample id and messages exactly as submit makes them
+            sid = sample["sample_id"]
+            thinking = thinking_enabled(run_sampling.get("thinking", "on"),
+                                        float(run_sampling.get("thinking_off_share", 0.0)), sid)
+            ids = renderer.render(sample["messages"], sample["tools"], thinking=thinking)
+            budget = min(int(run_sampling["max_tokens"]), int(row["max_tokens"]))
+            sampling = engine_sampling(run_sampling, seed=sample_seed(int(run_sampling.get("seed", 0)), sid, 0),
+                                       max_tokens=max(1, min(budget, max_model_len - len(ids))))
+            prompts.append({"prompt_token_ids": ids})
+            params.append(SamplingParams(**sampling))
+        return prompts, params
+
+    def run(self, label: str, prompts: list[dict], params: list) -> Measurement:
+        load = _load()
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
+        return Measurement(label, "bare LLM.generate, all prompts at once", tokens, seconds, len(outputs),
+                           stopped, load)
+
+    def shutdown(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            engine.engine_core.shutdown()
+
+
+def _cpu_s(pids: set[int]) -> float:
+    """CPU seconds used so far by these processes (the bare engine's, idle during the system runs)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(psutil.Process(pid).cpu_times()[:2])
+    return total
+
+
+def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
+    if result.disturbed:
+        what += " (DISTURBED: Postgres was restarted during the run)"
+    return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,
+                       result.load)
+
+
+def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
+    bare = [m for m in measurements if m.label.startswith("a")]
+    median = statistics.median(m.tok_s for m in bare)
+    lines = [
+        "",
+        "| run | what | requests | output tokens | seconds | tokens/s | / bare median | load avg (1 min) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in measurements:
+        lines.append(f"| {m.label} | {m.what} | {m.requests:,} | {m.tokens:,} | {m.seconds:.1f} | {m.tok_s:,.0f} "
+                     f"| {m.tok_s / median:.2f} | {m.load:.1f} |")
+    low, high = min(m.tok_s for m in bare), max(m.tok_s for m in bare)
+    lines += ["", f"bare (a): median {median:,.0f} tok/s over {len(bare)} runs, spread {low:,.0f}-{high:,.0f} "
+                  f"({(high - low) / median * 100:.0f}% of the median)"]
+    for m in measurements:
+        if m.label.startswith("a"):
+            continue
+        index = measurements.index(m)
+        neighbours = [x.tok_s for x in measurements[max(0, index - 1):index + 2] if x.label.startswith("a")]
+        lines.append(f"({m.label}) / (a) = {m.tok_s / median:.3f}   against the bare runs just before and after: "
+                     f"{m.tok_s / statistics.mean(neighbours):.3f}   [{m.what}]")
+    stops = sum(m.stopped_early for m in measurements)
+    lines.append(f"requests that stopped before their max_tokens (EOS): {stops} of "
+                 f"{sum(m.requests for m in measurements)}; idle bare engine CPU during the system runs: "
+                 f"{idle_cpu_s:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8, help="K: batches in flight in the system run (b)")
+    p.add_argument("--mean-tokens", type=float, default=200.0, help="mean of the lognormal output budget")
+    p.add_argument("--max-tokens", type=int, default=1400, help="cap of the output budget (the run's max_tokens)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model directory (default: build the tiny random model)")
+    p.add_argument("--no-baseline", action="store_true", help="skip (c), the one-batch-at-a-time worker")
+    p.add_argument("--repeat-system", type=int, default=1, help="runs of (b), each followed by a bare run")
+    p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
+    p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    started = time.perf_counter()
+
+    model = args.model
+    if model is None:
+        from worker.tiny_model import build_key, build_tiny_model
+
+        # One folder per build key: a changed tiny_model.py builds beside the old one, never over it.
+        folder = Path("/tmp/regen-bench-model") / f"tiny-random-{build_key('random', 0)[:12]}"
+        model = str(build_tiny_model(folder, variant="random"))
+    rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
+    config = run_config(model, args.max_tokens)
+    budgets = [r["max_tokens"] for r in rows]
+    settings = engine_args()
+    in_flight = args.concurrency * args.batch_size
+    print(f"workload: {len(rows):,} single-turn prompts; max_tokens per request lognormal, mean "
+          f"{statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, max {max(budgets)}; "
+          f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (the worker does not pass it)'}")
+    print(f"engine (a, b, c): {', '.join(f'{k}={v}' for k, v in settings.items())}; "
+          f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}")
+    print(f"system (b): batches of {args.batch_size}, K={args.concurrency} in flight = {in_flight} requests "
+          f"(max_num_seqs {settings['max_num_seqs']}); baseline (c): K=1")
+
+    bare = BareEngine(model)
+    bare_pids = {child.pid for child in psutil.Process().children(recursive=True)}
+    prompts, params = bare.requests(rows, config.as_record())
+    bare.run("warm-up", prompts[:16], params[:16])
+    measurements = [bare.run("a1", prompts, params)]
+    print(f"a1 bare: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
+    idle_cpu_s = 0.0
+    plan = [("b", args.concurrency, f"system, K={args.concurrency}")] * args.repeat_system
+    if not args.no_baseline:
+        plan.append(("c", 1, "one batch at a time, K=1"))
+    with scratch_services(admin_dsn=args.admin_dsn, redis_url=args.redis_url) as scratch:
+        jsonl = Path(scratch.workdir) / "prompts.jsonl"
+        write_jsonl(jsonl, rows)
+        for n, (label, k, what) in enumerate(plan, start=1):
+            cpu_before = _cpu_s(bare_pids)
+            result = _system_run(scratch, model, jsonl, config, k=k, batch_size=args.batch_size,
+                                 name=f"{label}{n}-k{k}")
+            idle_cpu_s += _cpu_s(bare_pids) - cpu_before
+            measurements.append(system_measurement(f"{label}{n}" if args.repeat_system > 1 else label, what, result))
+            print(f"{measurements[-1].label} {what}: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
+            measurements.append(bare.run(f"a{n + 1}", prompts, params))
+            print(f"a{n + 1} bare: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
+    bare.shutdown()
+    print(report(measurements, idle_cpu_s=idle_cpu_s))
+    print(f"wall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _system_run(scratch: Scratch, model: str, jsonl: Path, config, *, k: int, batch_size: int,
+                name: str) -> WorkerRun:
+    with per_sample_budgets():
+        return run_on_worker(scratch, model=model, jsonl=jsonl, config=config, concurrency=k,
+                             batch_size=batch_size, run_name=name, engine_args=BENCH_ENGINE_ARGS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""``regen estimate``: how many tokens, engine-hours and days a run will take, before it runs.
+
+1. Stream the dataset once and draw a stratified random sample (producer/estimate_sample.py).
+2. Generate the sample on the real engine with the run's exact config, in a subprocess
+   (``python -m worker.probe``: the producer never imports vLLM), or reuse a probe's
+   results file.
+3. Extrapolate (producer/estimate_math.py): total output tokens = Σ over strata of
+   population × mean tokens; engine-hours = tokens / tokens-per-s; wall-clock on G
+   engines = work / G + drain and spread allowances; 95% stratified-bootstrap intervals.
+
+The result is a JSON document (keys in docs/estimate.md), rendered as text by
+producer/estimate_render.py. Saved as ``<output>/estimate.json`` in the run's S3
+prefix, ``regen estimate --compare RUN`` later puts the actual figures beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import ConfigError, RegenError
+from ledger.objects import ObjectStore, join_key
+
+from . import estimate_math as em
+from .estimate_sample import DrawnSample, draw_sample
+from .run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+#: Name of the saved estimate under a run's output prefix.
+ESTIMATE_OBJECT = "estimate.json"
+#: Version of the estimate document; bump when a key changes meaning.
+ESTIMATE_VERSION = 1
+#: Longest a probe may take, by default: engine load plus a few thousand conversations.
+PROBE_TIMEOUT_S = 6 * 3600.0
+
+
+class ProbeError(RegenError):
+    """The probe subprocess failed (engine could not load, crashed, or timed out)."""
+
+
+@dataclass(frozen=True)
+class ThroughputChoice:
+    """Where the tokens/s used for the hours comes from (exactly one, or none with lengths only)."""
+
+    tokens_per_s: float | None = None            #: --tokens-per-s: measured elsewhere
+    gpu_type: str | None = None                  #: --gpu-type: extrapolated by bandwidth from...
+    reference_tokens_per_s: float | None = None  #: ...this measurement...
+    reference_gpu: str | None = None             #: ...on this GPU type
+    lengths_only: bool = False                   #: report tokens only
+
+    def check(self) -> None:
+        if self.tokens_per_s is not None and self.tokens_per_s <= 0:
+            raise ConfigError("--tokens-per-s must be positive")
+        if self.gpu_type is not None:
+            if self.tokens_per_s is not None:
+                raise ConfigError("give --tokens-per-s or --gpu-type, not both")
+            if self.reference_tokens_per_s is None or self.reference_gpu is None:
+                raise ConfigError("--gpu-type needs a measurement to scale: --reference-tokens-per-s X "
+                                  "--reference-gpu TYPE (tokens/s of one engine on that GPU)")
+            if self.reference_tokens_per_s <= 0:
+                raise ConfigError("--reference-tokens-per-s must be positive")
+            for gpu in (self.gpu_type, self.reference_gpu):
+                if gpu not in em.GPU_BANDWIDTH_TBPS:
+                    raise ConfigError(f"unknown GPU type {gpu!r}; known: {', '.join(em.GPU_BANDWIDTH_TBPS)}")
+        elif self.reference_tokens_per_s is not None or self.reference_gpu is not None:
+            raise ConfigError("--reference-tokens-per-s/--reference-gpu go with --gpu-type")
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    sample_size: int = 1000
+    engines: int = 1
+    draw_seed: int = 0
+    throughput: ThroughputChoice = field(default_factory=ThroughputChoice)
+    #: vLLM engine arguments for the probe, ``key=value``: give the workers' own.
+    engine_args: tuple[str, ...] = ()
+    #: Conversations the probe keeps in the engine; None: the engine's max_num_seqs (full).
+    in_flight: int | None = None
+    #: Reuse this probe results file if it exists; else write the probe's results there.
+    probe_results: str | None = None
+    probe_timeout_s: float = PROBE_TIMEOUT_S
+    bootstrap_resamples: int = em.BOOTSTRAP_RESAMPLES
+
+
+def run_document(config: RunConfig) -> dict[str, Any]:
+    """The run as claim_batch hands it to a worker (what generate_sample reads)."""
+    return {"model": config.model, "sampling": config.as_record(),
+            "provenance": {"model_files": config.model_files}}
+
+
+def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any]:
+    """Generate the drawn sample in ``python -m worker.probe``; return its results.
+
+    Raises:
+        ProbeError: the subprocess failed or timed out (its last output is in the message).
+    """
+    with tempfile.TemporaryDirectory(prefix="regen-estimate-") as tmp:
+        samples_path, run_path = Path(tmp) / "samples.jsonl", Path(tmp) / "run.json"
+        out_path = Path(options.probe_results) if options.probe_results else Path(tmp) / "probe.json"
+        drawn.write_jsonl(samples_path)
+        run_path.write_text(json.dumps(run_document(config)))
+        argv = [sys.executable, "-m", "worker.probe", "--samples", str(samples_path), "--run", str(run_path),
+                "--out", str(out_path)]
+        for pair in options.engine_args:
+            argv += ["--engine-arg", pair]
+        if options.in_flight is not None:
+            argv += ["--in-flight", str(options.in_flight)]
+        log.info("probe: %s", " ".join(argv))
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=options.probe_timeout_s,
+                                  cwd=Path(__file__).resolve().parents[1], env=os.environ.copy())
+        except subprocess.TimeoutExpired as e:
+            raise ProbeError(f"the probe took longer than {options.probe_timeout_s:.0f} s") from e
+        if proc.returncode != 0 or not out_path.exists():
+            tail = (proc.stderr or proc.stdout or "")[-3000:]
+            raise ProbeError(f"the probe exited with {proc.returncode}:\n{tail}")
+        return json.loads(out_path.read_text())
+
+
+def load_probe_results(path: str, drawn: DrawnSample) -> dict[str, Any]:
+    """A probe results file written earlier for the same draw.
+
+    Raises:
+        ConfigError: it does not hold the conversations drawn now (other data, size or seed).
+    """
+    try:
+        probe = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable probe results file: {e}") from e
+    drawn_ids = sorted(c["sample_id"] for c in drawn.conversations())
+    if sorted(s["sample_id"] for s in probe.get("samples", [])) != drawn_ids:
+        raise ConfigError(f"{path} holds the results of another sample (other data, --sample or --draw-seed)")
+    return probe
+
+
+def _choose_throughput(probe: dict[str, Any], choice: ThroughputChoice) -> tuple[float | None, dict[str, Any]]:
+    """The tokens/s to use and a record of where it came from."""
+    measured = probe.get("tokens_per_s")
+    record: dict[str, Any] = {"measured_tokens_per_s": measured, "probe_wall_s": probe.get("wall_s"),
+                              "probe_output_tokens": probe.get("output_tokens"),
+                              "first_to_last_tokens_per_s": probe.get("first_to_last_tokens_per_s"),
+                              "throughput_window_s": probe.get("throughput_window_s"),
+                              "in_flight": probe.get("in_flight"), "repeats": probe.get("repeats"),
+                              "peak_in_engine": probe.get("peak_in_engine"),
+                              "max_num_seqs": (probe.get("engine_args") or {}).get("max_num_seqs"),
+                              "engine_version": probe.get("engine_version")}
+    if choice.lengths_only:
+        return None, {**record, "source": "none (--lengths-only)"}
+    if choice.tokens_per_s is not None:
+        return choice.tokens_per_s, {**record, "source": "given (--tokens-per-s)"}
+    if choice.gpu_type is not None:
+        tps = em.scaled_tokens_per_s(choice.reference_tokens_per_s, choice.reference_gpu, choice.gpu_type)
+        return tps, {**record, "source": f"EXTRAPOLATED to {choice.gpu_type} by memory bandwidth",
+                     "reference": {"tokens_per_s": choice.reference_tokens_per_s, "gpu": choice.reference_gpu,
+                                   "gpu_tbps": em.GPU_BANDWIDTH_TBPS[choice.reference_gpu],
+                                   "target_gpu": choice.gpu_type,
+                                   "target_tbps": em.GPU_BANDWIDTH_TBPS[choice.gpu_type]}}
+    if not measured:
+        raise ProbeError("the probe generated no tokens, so it measured no throughput; "
+                         "use --tokens-per-s or --lengths-only")
+    return float(measured), {**record, "source": "measured by the probe"}
+
+
+def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig, options: EstimateOptions,
+                   *, inputs: list[str]) -> dict[str, Any]:
+    """Extrapolate the probe's per-sample results to the whole dataset (the estimate document)."""
+    by_id = {s["sample_id"]: s for s in probe["samples"]}
+    strata: dict[str, tuple[int, list[tuple[float, float, float, float]]]] = {}
+    for key, stratum in drawn.strata.items():
+        rows = []
+        for c in stratum.drawn:
+            r = by_id[c["sample_id"]]
+            rows.append((float(r["completion_tokens"]), float(r["reasoning_tokens"]), float(r["answer_tokens"]),
+                         1.0 if r["truncated"] else 0.0))
+        strata[key] = (stratum.population, rows)
+    population = drawn.population
+    points = [em.stratified_total({k: (n, [row[m] for row in rows]) for k, (n, rows) in strata.items()})
+              for m in range(4)]
+    replicates = em.stratified_bootstrap(strata, resamples=options.bootstrap_resamples)
+    tokens, reasoning, answer, truncated = (em.interval_from(points[m], replicates[m] if replicates else [])
+                                            for m in range(4))
+    per_row = 1.0 / population if population else 0.0
+    tokens_per_s, throughput = _choose_throughput(probe, options.throughput)
+    longest_s = max((s.get("duration_s", s["finished_s"]) for s in probe["samples"]), default=0.0)
+    measured = probe.get("tokens_per_s")
+    if tokens_per_s and measured:
+        # A faster engine finishes its last conversations sooner, in proportion.
+        longest_s *= measured / tokens_per_s
+    work_h = engine_h = wall_h = None
+    if tokens_per_s:
+        work_h = tokens.scaled(1.0 / tokens_per_s / 3600.0)
+        engine_h, wall_h = em.run_hours(work_h, options.engines, longest_s)
+    failed = sum(1 for s in probe["samples"] if s["status"] != "done")
+    return {
+        "kind": "regen-estimate",
+        "version": ESTIMATE_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "model": config.model,
+        "config": config.as_record(),
+        "config_hash": config.hash,
+        "rows": population,
+        "rows_read": drawn.rows_read,
+        "rejected": drawn.rejected,
+        "duplicates": drawn.duplicates,
+        "reject_reasons": dict(sorted(drawn.reject_reasons.items())),
+        "sample_size": drawn.size,
+        "draw_seed": options.draw_seed,
+        "strata": [{"key": k, "population": s.population, "sample_size": len(s.drawn),
+                    "weight": round(s.weight, 4),
+                    "mean_output_tokens": round(em.stratified_total({k: (1, [r[0] for r in strata[k][1]])}), 1)}
+                   for k, s in drawn.strata.items()],
+        "mean_output_tokens": tokens.scaled(per_row).as_dict(1),
+        "total_output_tokens": tokens.as_dict(0),
+        "reasoning_tokens": reasoning.as_dict(0),
+        "answer_tokens": answer.as_dict(0),
+        "truncated_share": truncated.scaled(per_row).as_dict(4),
+        "failed_share": round(failed / len(probe["samples"]), 4) if probe["samples"] else 0.0,
+        "tokens_per_s": round(tokens_per_s, 3) if tokens_per_s else None,
+        "throughput": throughput,
+        "engines": options.engines,
+        "longest_conversation_s": round(longest_s, 3),
+        "drain_hours": em.drain_allowance_s(longest_s) / 3600.0,
+        "spread_hours": em.spread_allowance_s(longest_s, options.engines) / 3600.0,
+        "work_hours": work_h.as_dict() if work_h else None,
+        "engine_hours": engine_h.as_dict() if engine_h else None,
+        "wall_hours": wall_h.as_dict() if wall_h else None,
+        "bootstrap": {"resamples": options.bootstrap_resamples, "seed": em.BOOTSTRAP_SEED,
+                      "confidence": em.CONFIDENCE},
+        "assumptions": assumptions(drawn, probe, throughput, options, failed),
+    }
+
+
+def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str, Any], options: EstimateOptions,
+                failed: int) -> list[str]:
+    """What the numbers rest on, in words, for the text and the JSON alike."""
+    out = [f"sample: {drawn.size:,} of {drawn.population:,} conversations, stratified by source file × "
+           f"turn count × prompt length ({len(drawn.strata)} strata), draw seed {options.draw_seed}; each "
+           "was generated on the real engine with the run's template, sampling, seeds and thinking mode"]
+    source = throughput["source"]
+    if source.startswith("measured"):
+        peak, seqs = throughput.get("peak_in_engine"), throughput.get("max_num_seqs")
+        out.append(f"tokens/s measured by the probe on this machine's engine, kept full with "
+                   f"{throughput.get('in_flight')} conversations (max_num_seqs {seqs}; at most {peak} requests seen "
+                   f"in it; {throughput.get('repeats') or 0} repeats of sampled conversations topped it up), over the "
+                   f"{throughput.get('throughput_window_s') or 0:.1f} s until the last sampled conversation ended. "
+                   "It is the bare engine's rate: the workers' own work around it (S3, ledger, Celery) is not in "
+                   "it. Match the workers' conversations in flight with --probe-in-flight; for another fleet, "
+                   "or the rate a finished run reached (--compare), pass --tokens-per-s")
+    elif source.startswith("EXTRAPOLATED"):
+        ref = throughput["reference"]
+        out.append(f"tokens/s EXTRAPOLATED, not measured: {ref['tokens_per_s']:,.0f} tok/s on {ref['gpu']} × "
+                   f"{ref['target_tbps']} / {ref['gpu_tbps']} TB/s memory bandwidth of {ref['target_gpu']}; "
+                   "decode is bandwidth-bound to first order, but HBM size (concurrency), FP8/FP4 support "
+                   "and kernels are not in the ratio")
+    elif source.startswith("given"):
+        out.append("tokens/s given with --tokens-per-s (one engine, at full load), not measured by this probe")
+    else:
+        out.append("no throughput: token totals only (--lengths-only)")
+    if not options.throughput.lengths_only:
+        out.append("engine-hours assume engines kept full (continuous feeding, as regen's workers do); "
+                   "GPU-hours = engine-hours × GPUs per engine (tensor parallel)")
+        out.append("at the end of a run each engine drains (its last conversations finish one by one): "
+                   "engine-hours add half the longest sampled conversation's time per engine, and the "
+                   f"wall-clock on {options.engines} engine(s) adds that drain plus (1 - 1/G) × the longest "
+                   "conversation for engines finishing unevenly; negligible for a long run, not for a short one")
+    out.append(f"{em.CONFIDENCE:.0%} intervals: stratified bootstrap of the sample ({options.bootstrap_resamples:,} "
+               "resamples); they cover the sampling error of the lengths, not the noise of a throughput "
+               "measurement")
+    if failed:
+        out.append(f"{failed} sampled conversation(s) failed in the probe (template error, prompt too long): "
+                   "counted as generating nothing, as in a run")
+    if drawn.rejected or drawn.duplicates:
+        out.append(f"{drawn.rejected:,} rejected rows and {drawn.duplicates:,} duplicates are left out, as "
+                   "submit leaves them out")
+    return out
+
+
+def estimate(paths: list[str], config: RunConfig, options: EstimateOptions) -> dict[str, Any]:
+    """Draw, probe (or reuse a probe), extrapolate: the estimate document.
+
+    Raises:
+        ConfigError: bad paths or options, or an empty dataset.
+        ProbeError: the engine run failed.
+    """
+    options.throughput.check()
+    if options.engines < 1:
+        raise ConfigError("--gpus must be at least 1")
+    drawn = draw_sample(paths, options.sample_size, seed=options.draw_seed)
+    if drawn.population == 0:
+        raise ConfigError(f"no valid rows in {', '.join(paths)} ({drawn.rejected} rejected)")
+    if options.probe_results and Path(options.probe_results).exists():
+        probe = load_probe_results(options.probe_results, drawn)
+    else:
+        probe = run_probe_subprocess(drawn, config, options)
+    return build_estimate(drawn, probe, config, options, inputs=[str(p) for p in paths])
+
+
+def hand_estimate(rows: int, mean_output_tokens: float, choice: ThroughputChoice, *, engines: int) -> dict[str, Any]:
+    """The hand calculation (rows × mean tokens / tokens/s / engines) with the same keys, no data, no interval.
+
+    Raises:
+        ConfigError: bad numbers, or no throughput (needs --tokens-per-s, --gpu-type or --lengths-only).
+    """
+    choice.check()
+    if rows < 1 or mean_output_tokens <= 0 or engines < 1:
+        raise ConfigError("--rows, --mean-output-tokens and --gpus must be positive")
+    if choice.tokens_per_s is None and choice.gpu_type is None and not choice.lengths_only:
+        raise ConfigError("a hand calculation needs --tokens-per-s, --gpu-type or --lengths-only")
+    tokens_per_s, throughput = _choose_throughput({}, choice)
+    total = em.Interval(rows * mean_output_tokens, rows * mean_output_tokens, rows * mean_output_tokens)
+    work_h = total.scaled(1.0 / tokens_per_s / 3600.0) if tokens_per_s else None
+    engine_h, wall_h = em.run_hours(work_h, engines, 0.0) if work_h else (None, None)
+    notes = [f"hand calculation: {rows:,} rows × {mean_output_tokens:,} output tokens per row, as given; no "
+             "sample, so no interval and no drain allowance"]
+    if throughput["source"].startswith("EXTRAPOLATED"):
+        ref = throughput["reference"]
+        notes.append(f"tokens/s EXTRAPOLATED by memory bandwidth: {ref['tokens_per_s']:,.0f} on {ref['gpu']} × "
+                     f"{ref['target_tbps']} / {ref['gpu_tbps']} TB/s ({ref['target_gpu']})")
+    return {
+        "kind": "regen-estimate", "version": ESTIMATE_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": [], "model": None, "config": None, "config_hash": None,
+        "rows": rows, "rows_read": rows, "rejected": 0, "duplicates": 0, "reject_reasons": {},
+        "sample_size": 0, "strata": [],
+        "mean_output_tokens": em.Interval(mean_output_tokens, mean_output_tokens, mean_output_tokens).as_dict(1),
+        "total_output_tokens": total.as_dict(0), "reasoning_tokens": None, "answer_tokens": None,
+        "truncated_share": None, "failed_share": None,
+        "tokens_per_s": tokens_per_s, "throughput": throughput, "engines": engines,
+        "longest_conversation_s": 0.0, "drain_hours": 0.0, "spread_hours": 0.0,
+        "work_hours": work_h.as_dict() if work_h else None,
+        "engine_hours": engine_h.as_dict() if engine_h else None,
+        "wall_hours": wall_h.as_dict() if wall_h else None,
+        "bootstrap": None, "assumptions": notes,
+    }
+
+
+def estimate_url(output_url: str) -> str:
+    return join_key(output_url.rstrip("/"), ESTIMATE_OBJECT)
+
+
+def save_estimate(store: ObjectStore, output_url: str, document: dict[str, Any]) -> str:
+    """Write the estimate to ``<output>/estimate.json`` (replacing an earlier one); returns its URL."""
+    if not output_url.startswith("s3://"):
+        raise ConfigError(f"--output must be an s3:// URL, got {output_url!r}")
+    url = estimate_url(output_url)
+    store.put(url, json.dumps(document, indent=1).encode())
+    return url
+
+
+def load_estimate(store: ObjectStore, output_url: str) -> dict[str, Any] | None:
+    """The estimate saved under a run's output prefix, or None when there is none."""
+    url = estimate_url(output_url)
+    if not store.exists(url):
+        return None
+    return json.loads(store.get(url))

@@ -1,0 +1,100 @@
+"""``regen estimate`` end to end: a real sample draw, a real probe subprocess on vLLM, S3 for the saved estimate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ledger.objects import ObjectStore
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.engine]
+
+SAMPLE = ROOT / "data" / "sample"
+
+
+def estimate_argv(args: list[str]) -> list[str]:
+    """``regen estimate ARGS``, through its own module until producer/cli.py registers the command."""
+    from producer.cli import main
+
+    if "estimate" in main.commands:
+        return [sys.executable, "-m", "producer.cli", "estimate", *args]
+    return [sys.executable, "-m", "producer.estimate_cli", *args]
+
+
+def run_estimate(args: list[str], env: dict[str, str], *, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(estimate_argv(args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"regen estimate exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def estimate_env(s3_env):
+    return {**os.environ, **s3_env, "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(estimate_env, s3_bucket,
+                                                                                tiny_model, tmp_path):
+    probe_file = tmp_path / "probe.json"
+    output = f"{s3_bucket}/regen/planned"
+    common = [str(SAMPLE), "--model", str(tiny_model), "--sample", "24", "--max-tokens", "48", "--seed", "7",
+              "--engine-arg", "max_model_len=4096", "--probe-in-flight", "32", "--probe-results", str(probe_file)]
+    doc = json.loads(run_estimate([*common, "--json", "--output", output], estimate_env).stdout)
+
+    # Counted like submit: 291 good rows, one repeats an id; 8 malformed rows.
+    assert doc["rows"] == 290 and doc["rejected"] == 8 and doc["duplicates"] == 1
+    assert doc["sample_size"] >= 24
+    assert sum(s["sample_size"] for s in doc["strata"]) == doc["sample_size"]
+    assert sum(s["population"] for s in doc["strata"]) == doc["rows"]
+
+    probe = json.loads(probe_file.read_text())
+    assert len(probe["samples"]) == doc["sample_size"]
+    # The engine was kept full (32 conversations) with repeats until the last sample ended.
+    assert probe["in_flight"] == 32 and probe["repeats"] > 0
+    assert probe["tokens_per_s"] > 0 and probe["first_to_last_tokens_per_s"] > 0
+    assert probe["output_tokens"] == sum(s["completion_tokens"] for s in probe["samples"]) > 0
+    for s in probe["samples"]:
+        assert s["reasoning_tokens"] + s["answer_tokens"] <= s["completion_tokens"]
+        # max_tokens 48 per generation: a truncated one hit it exactly.
+        assert s["truncated"] == ("length" in s["finish_reasons"])
+    # The arithmetic: Σ over strata of population × the stratum's mean.
+    assert doc["total_output_tokens"]["value"] == pytest.approx(
+        sum(s["population"] * s["mean_output_tokens"] for s in doc["strata"]), rel=1e-3)
+    for key in ("total_output_tokens", "engine_hours", "wall_hours", "truncated_share"):
+        assert doc[key]["ci_low"] <= doc[key]["value"] <= doc[key]["ci_high"], key
+    assert doc["throughput"]["source"] == "measured by the probe"
+    assert doc["tokens_per_s"] == pytest.approx(probe["tokens_per_s"], rel=1e-3)
+    assert doc["work_hours"]["value"] == pytest.approx(
+        doc["total_output_tokens"]["value"] / doc["tokens_per_s"] / 3600, rel=1e-6)
+    assert doc["engine_hours"]["value"] == pytest.approx(doc["work_hours"]["value"] + doc["drain_hours"])
+    assert doc["config"]["max_tokens"] == 48 and doc["config"]["seed"] == 7
+    assert doc["assumptions"] and doc["saved_to"] == f"{output}/estimate.json"
+    saved = json.loads(ObjectStore().get(f"{output}/estimate.json"))
+    assert saved["total_output_tokens"] == doc["total_output_tokens"]
+
+    # What-if on the same probe results: no engine run, the hours follow the given throughput.
+    what_if = json.loads(run_estimate([*common, "--json", "--tokens-per-s", "1000", "--gpus", "4"],
+                                      estimate_env).stdout)
+    assert what_if["total_output_tokens"] == doc["total_output_tokens"]
+    assert what_if["throughput"]["source"].startswith("given")
+    work_h = what_if["total_output_tokens"]["value"] / 1000 / 3600
+    assert what_if["work_hours"]["value"] == pytest.approx(work_h)
+    assert what_if["engine_hours"]["value"] == pytest.approx(work_h + 4 * what_if["drain_hours"])
+    assert what_if["wall_hours"]["value"] == pytest.approx(
+        work_h / 4 + what_if["drain_hours"] + what_if["spread_hours"])
+    scaled = json.loads(run_estimate([*common, "--json", "--gpu-type", "H200", "--reference-tokens-per-s", "1000",
+                                      "--reference-gpu", "H100"], estimate_env).stdout)
+    assert scaled["tokens_per_s"] == pytest.approx(1000 * 4.8 / 3.35, rel=1e-3)
+    assert scaled["throughput"]["source"].startswith("EXTRAPOLATED")
+
+    text = run_estimate([*common, "--lengths-only"], estimate_env).stdout
+    assert "290 rows ×" in text and "engine-hours" not in text
+
+    # A results file of another draw is refused rather than silently mixed in.
+    refused = run_estimate([*common, "--draw-seed", "5"], estimate_env, check=False)
+    assert refused.returncode != 0 and "another sample" in (refused.stderr + refused.stdout)
