@@ -78,7 +78,8 @@ def start_moto(env: dict) -> subprocess.Popen | None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--run", default="demo")
+    p.add_argument("--run", default=None,
+                   help="run name (default: demo-<hash of this checkout's model and settings>, so a rerun resumes)")
     p.add_argument("--bucket", default="regen-demo")
     p.add_argument("--model-dir", default=str(ROOT / "tiny"))
     p.add_argument("--variant", default="trained")
@@ -87,6 +88,11 @@ def main() -> None:
     p.add_argument("--data", default=str(ROOT / "data" / "sample"))
     args = p.parse_args()
 
+    if args.run is None:
+        import hashlib
+
+        key = f"{Path(args.model_dir).resolve()}|{args.variant}|{args.max_tokens}|{args.data}"
+        args.run = "demo-" + hashlib.sha256(key.encode()).hexdigest()[:8]
     env = dict(os.environ)
     env.setdefault("DATABASE_URL", "postgresql://127.0.0.1:5432/regen")
     env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
