@@ -83,7 +83,7 @@ def main() -> None:
     p.add_argument("--bucket", default="regen-demo")
     p.add_argument("--model-dir", default=str(ROOT / "tiny"))
     p.add_argument("--variant", default="trained")
-    p.add_argument("--max-tokens", default="512")
+    p.add_argument("--max-tokens", default="1024")
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--data", default=str(ROOT / "data" / "sample"))
     args = p.parse_args()
@@ -126,6 +126,11 @@ def main() -> None:
             print(f"  {s['done']} done, {s['failed']} failed, {s['pending']} pending", flush=True)
             if s["pending"] == 0 and run["batches"]["running"] == 0:
                 break
+            if run["status"] == "paused":
+                regen("status", "--run", args.run, env=env)
+                sys.exit(f"the quality gate paused the run: {run['status_reason']}\n"
+                         f"look at `regen report --run {args.run} --out report/`, then `regen resume --run "
+                         f"{args.run} [--force]`")
             if worker.poll() is not None:
                 sys.exit("the worker exited early; see its log above")
             time.sleep(5)
