@@ -20,19 +20,20 @@ batches only for new rows.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from celery import Celery
 from kombu.exceptions import KombuError
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger.dispatch import TASK_NAME, BatchMessage
@@ -76,7 +77,7 @@ class SubmitReport:
     #: Seconds spent per phase; reading overlaps the writer's phases, so they add up to more than the wall time.
     timings_s: dict[str, float] = field(default_factory=dict)
 
-    @contextmanager
+    @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
@@ -347,6 +348,10 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
                 s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.FINISHED.value)
                           .values(status=RunStatus.ACTIVE.value))
     finally:
+        # Unlock explicitly: close() returns the connection to the pool, and a session-level
+        # advisory lock would stay with it, refusing the next submit of this run in this process.
+        with contextlib.suppress(SQLAlchemyError):
+            lock_conn.execute(text("SELECT pg_advisory_unlock(8151, :r)"), {"r": run_id})
         lock_conn.close()
     log.info("submit %s: %s", run_name, report)
     return report

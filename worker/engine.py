@@ -76,7 +76,13 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm.platforms import current_platform
+
         args = {**DEFAULT_ENGINE_ARGS, **self.engine_args}
+        if current_platform.is_cpu():
+            # vLLM's CPU build (0.32) kills the engine ("CPU Generator does not use offset") when
+            # a seeded request's prompt is prefilled in chunks, and every regen request is seeded.
+            args.setdefault("enable_chunked_prefill", False)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **args))
         self.max_model_len = self._llm.model_config.max_model_len
         self.engine_version = f"vllm {vllm.__version__}"
