@@ -74,9 +74,8 @@ class EngineHost:
     async def _build(self) -> None:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         args = {**DEFAULT_ENGINE_ARGS, **self.engine_args}
         if current_platform.is_cpu():
