@@ -14,6 +14,7 @@ files byte for byte, so a built directory can be cached by a content key.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
@@ -221,18 +222,15 @@ def build_key(variant: str, seed: int) -> str:
     Any edit to the code or an upgrade of torch/transformers/tokenizers yields a
     new key, so a stale cached model is never reused.
     """
-    import tokenizers
-    import torch
-    import transformers
-
+    # Versions from the package metadata: importing torch here would load OpenMP
+    # before _passive_openmp_waits can configure it.
+    versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for path in (here / "tiny_model.py", here / "tiny_data.py", here / "tiny_training.py", TEMPLATE_PATH):
         if path.exists():
             digest.update(path.read_bytes())
-    digest.update(json.dumps({"variant": variant, "seed": seed, "torch": torch.__version__,
-                              "transformers": transformers.__version__,
-                              "tokenizers": tokenizers.__version__}, sort_keys=True).encode())
+    digest.update(json.dumps({"variant": variant, "seed": seed, **versions}, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
