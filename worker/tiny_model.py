@@ -21,6 +21,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -50,6 +51,9 @@ TOKENIZER_CORPUS_DOCS = 4000
 #: then share few tokens with prose, which the tiny model learns faster).
 PRE_TOKENIZER_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: A temporary build directory older than this (seconds) was left by a killed build.
+STALE_BUILD_S = 24 * 3600
 
 #: Recorded in the output so a directory can say what built it (and be reused).
 MARKER_FILE = "regen_tiny_model.json"
@@ -286,6 +290,31 @@ def _build_files(tmp: Path, variant: str, seed: int, key: str) -> None:
     save_model_dir(tmp, model, tokenizer, {"variant": variant, "seed": seed, "key": key})
 
 
+def _build_cache_entry(cached: Path, variant: str, seed: int, key: str) -> None:
+    """Build into a temporary sibling of ``cached`` and rename it into place.
+
+    A killed build leaves no half entry (only a temporary directory, removed by a
+    later build once it is a day old). When two processes build the same entry at
+    once, the first rename wins and the other's identical files are dropped.
+    """
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    for stale in cached.parent.glob(cached.name + ".*"):
+        if time.time() - stale.stat().st_mtime > STALE_BUILD_S:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
+    try:
+        _build_into(tmp, variant, seed, key)
+        try:
+            os.replace(tmp, cached)
+        except OSError:
+            if (_read_marker(cached) or {}).get("key") == key:
+                return  # another process won the race with the same files
+            shutil.rmtree(cached, ignore_errors=True)  # an entry without a valid marker
+            os.replace(tmp, cached)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random", seed: int = 0,
                      force: bool = False, cache_dir: str | os.PathLike | None = None) -> Path:
     """Build the tiny Qwen3 model into ``out_dir``; loadable offline by transformers and vLLM.
@@ -328,16 +357,10 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random",
 
     cached = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cached = cached / f"{variant}-{seed}-{key}"
-    if force or (_read_marker(cached) or {}).get("key") != key:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        # Build beside the cache entry and rename: a killed build leaves no half entry.
-        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
-        try:
-            _build_into(tmp, variant, seed, key)
-            shutil.rmtree(cached, ignore_errors=True)
-            os.replace(tmp, cached)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if force:
+        shutil.rmtree(cached, ignore_errors=True)
+    if (_read_marker(cached) or {}).get("key") != key:
+        _build_cache_entry(cached, variant, seed, key)
 
     if out.exists():
         shutil.rmtree(out)

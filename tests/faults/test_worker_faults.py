@@ -107,7 +107,7 @@ def test_transient_s3_errors_are_retried_and_nothing_is_lost(farm, fault_report)
     _wait_settled(farm, "s3-transient")
     row = fault_report("S3 5xx/throttling on uploads", account(farm["sessions"], "s3-transient", expected_ids=ids))
     assert proxy.count(method="PUT", outcome="fail") >= 4
-    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (32, 0, 0, 0)
 
 
 def test_a_permanent_s3_error_fails_the_batch_loudly_then_it_is_dead(farm, fault_report):
@@ -214,9 +214,12 @@ def test_a_pickled_message_is_refused_and_secrets_appear_nowhere(farm):
 
 def test_an_engine_killed_like_an_oom_sends_its_batch_back_and_the_worker_restarts(farm, fault_report):
     worker = farm["worker"]
-    ids = _submit(farm, "oom", 16, batch_size=4, max_tokens=200)
+    # ~32 K tokens: several seconds of generation, so the kill lands mid-batch (16 x 200
+    # tokens once finished between two polls on a quiet machine and the wait timed out).
+    ids = _submit(farm, "oom", 32, batch_size=4, max_tokens=1000)
     wait_for(lambda: batches_by_status(farm["sessions"], "oom").get("running"), timeout_s=120,
-             what="batches running", interval_s=0.1)
+             what="batches running", interval_s=0.1,
+             on_timeout=lambda: f"{batches_by_status(farm['sessions'], 'oom')}\n{worker.log()[-5000:]}")
     engines = [p for p in worker.tree() if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
     assert engines, [(p.pid, p.name()) for p in worker.tree()]
     before = len([line for line in worker.log().splitlines() if "started cpu0@f" in line])
@@ -232,7 +235,7 @@ def test_an_engine_killed_like_an_oom_sends_its_batch_back_and_the_worker_restar
                                   "WHERE r.name = 'oom'")).scalar()
     assert failures <= 1, "one engine death charges at most one batch"
     row = fault_report("engine process killed (OOM)", account(farm["sessions"], "oom", expected_ids=ids))
-    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (32, 0, 0, 0)
     assert not [p for p in psutil.process_iter(["ppid"]) if p.info["ppid"] == 1 and "EngineCore" in p.name()]
 
 
