@@ -107,7 +107,7 @@ def test_transient_s3_errors_are_retried_and_nothing_is_lost(farm, fault_report)
     _wait_settled(farm, "s3-transient")
     row = fault_report("S3 5xx/throttling on uploads", account(farm["sessions"], "s3-transient", expected_ids=ids))
     assert proxy.count(method="PUT", outcome="fail") >= 4
-    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (32, 0, 0, 0)
+    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (16, 0, 0, 0)
 
 
 def test_a_permanent_s3_error_fails_the_batch_loudly_then_it_is_dead(farm, fault_report):
