@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -124,8 +125,28 @@ class EngineHost:
     def num_unfinished(self) -> int:
         return self._llm.get_num_unfinished_requests() if self._llm is not None else 0
 
+    def _cancel_output_handler(self) -> None:
+        """Stop vLLM's output handler before the engine core goes.
+
+        AsyncLLM.shutdown stops the engine core first and cancels its output handler
+        after, so the handler sees the core vanish and logs an EngineDeadError
+        traceback at every clean exit: noise that reads like a crash in a worker log.
+        """
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is None or self._loop is None or handler.done():
+            return
+
+        async def cancel() -> None:
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await handler
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=10)
+
     def shutdown(self) -> None:
         if self._llm is not None:
+            self._cancel_output_handler()
             try:
                 self._llm.shutdown()
             except Exception:  # noqa: BLE001 - best effort at exit; the launcher reaps the group anyway
