@@ -42,6 +42,7 @@ class Scratch:
     settings: Settings
     s3_env: dict[str, str]
     bucket: str
+    #: The benchmark's queue; queues named ``<queue>-<suffix>`` are removed at the end too.
     queue: str
     database_name: str
     #: A temporary folder for the benchmark's files (datasets, worker logs), removed at the end.
@@ -127,7 +128,11 @@ def scratch_services(*, admin_dsn: str = DEFAULT_ADMIN_DSN, redis_url: str = DEF
         # Each step on its own: a Postgres restarted by someone else must not leave moto running.
         with contextlib.suppress(redis_lib.RedisError):
             client = redis_lib.Redis.from_url(redis_url)
-            client.delete(f"bench-{tag}", f"_kombu.binding.bench-{tag}", f"_kombu.binding_permanent.bench-{tag}")
+            # The queue, queues derived from it (bench-<tag>-b-k8) and kombu's bindings of them.
+            for pattern in (f"bench-{tag}*", f"_kombu.binding*.bench-{tag}*"):
+                keys = list(client.scan_iter(match=pattern, count=1000))
+                if keys:
+                    client.delete(*keys)
             client.close()
         moto.terminate()
         try:

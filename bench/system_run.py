@@ -54,6 +54,8 @@ class WorkerRun:
     load: float
     #: Postgres was restarted during the run (by someone else): the figure is not trustworthy.
     disturbed: bool = False
+    #: Mean batches between claim and commit over the window (K at best; lower in the drain).
+    batches_in_flight: float = 0.0
     worker_pids: set[int] = field(default_factory=set)
 
 
@@ -84,9 +86,9 @@ def per_sample_budgets() -> Iterator[None]:
 class WorkerProcess:
     """``regen worker --gpus none`` in its own session, logging to a file."""
 
-    def __init__(self, scratch: Scratch, *, model: str, concurrency: int, engine_args: dict, name: str):
+    def __init__(self, scratch: Scratch, *, model: str, concurrency: int, engine_args: dict, name: str, queue: str):
         argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", str(concurrency),
-                "--queue", scratch.queue, "--model", model, "--node-name", name, "--reconcile-s", "0"]
+                "--queue", queue, "--model", model, "--node-name", name, "--reconcile-s", "0"]
         for key, value in engine_args.items():
             argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
         env = {**scratch.env(), "PYTHONUNBUFFERED": "1",
@@ -134,17 +136,18 @@ class WorkerProcess:
             self.proc.wait(timeout=30)
 
 
-def _submit(scratch: Scratch, paths: list[Path], config: RunConfig, *, run_name: str, batch_size: int) -> int:
+def _submit(scratch: Scratch, paths: list[Path], config: RunConfig, *, run_name: str, batch_size: int,
+            queue: str) -> int:
     settings = scratch.settings
     engine = make_engine(settings)
     sessions = make_sessionmaker(engine)
     output_url = f"{scratch.output_root}/{run_name}"
     try:
-        _create_run_without_gate(sessions, run_name, config, output_url=output_url, queue=scratch.queue,
+        _create_run_without_gate(sessions, run_name, config, output_url=output_url, queue=queue,
                                  batch_size=batch_size)
         report = submit_run(sessions, make_celery(settings), ObjectStore(), [str(p) for p in paths],
                             run_name=run_name, config=config, output_url=output_url, batch_size=batch_size,
-                            queue=scratch.queue)
+                            queue=queue)
     finally:
         engine.dispose()
     if report.rejected or report.duplicates:
@@ -165,7 +168,7 @@ def _create_run_without_gate(sessions, run_name: str, config: RunConfig, **run_a
                   {"t": json.dumps({"gate_overridden": True}), "run": run_name})
 
 
-def _wait_done(scratch: Scratch, worker: WorkerProcess, run_name: str) -> None:
+def _wait_done(scratch: Scratch, worker: WorkerProcess, run_name: str, queue: str) -> None:
     """Until every batch of the run is done or dead.
 
     Survives a Postgres restart (other people's fault tests restart the shared server),
@@ -191,7 +194,7 @@ def _wait_done(scratch: Scratch, worker: WorkerProcess, run_name: str) -> None:
                 continue  # Postgres restarting; the worker retries its own writes
             if left == 0:
                 return
-            if running == 0 and redis.llen(scratch.queue) == 0:
+            if running == 0 and redis.llen(queue) == 0:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > LOST_MESSAGES_S:
                     raise RuntimeError(f"run {run_name}: {left} batches wait but the queue is empty: were the "
@@ -218,13 +221,14 @@ def postmaster_started(scratch: Scratch):
         engine.dispose()
 
 
-def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int]:
-    """Completion tokens and the claim-to-commit window, from the ledger."""
+def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int, float]:
+    """Completion tokens, the claim-to-commit window and the mean batches in flight, from the ledger."""
     engine = make_engine(scratch.settings)
     try:
         with engine.connect() as conn:
-            first, last, tokens, batches = conn.execute(text(
-                "SELECT min(b.started_at), max(b.finished_at), coalesce(sum(b.completion_tokens), 0), count(*) "
+            first, last, tokens, batches, busy_s = conn.execute(text(
+                "SELECT min(b.started_at), max(b.finished_at), coalesce(sum(b.completion_tokens), 0), count(*), "
+                "sum(extract(epoch FROM b.finished_at - b.started_at)) "
                 "FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :run AND b.status = 'done'"),
                 {"run": run_name}).one()
             samples, stopped, failed = conn.execute(text(
@@ -233,7 +237,8 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
                 "WHERE r.name = :run"), {"run": run_name}).one()
     finally:
         engine.dispose()
-    return int(tokens), (last - first).total_seconds(), int(samples), int(stopped), int(failed), int(batches)
+    window_s = (last - first).total_seconds()
+    return int(tokens), window_s, int(samples), int(stopped), int(failed), int(batches), float(busy_s) / window_s
 
 
 def _warmup_file(jsonl: Path) -> Path:
@@ -246,25 +251,47 @@ def _warmup_file(jsonl: Path) -> Path:
     return path
 
 
-def run_on_worker(scratch: Scratch, *, model: str, jsonl: Path, config: RunConfig, concurrency: int,
-                  batch_size: int, run_name: str, engine_args: dict) -> WorkerRun:
-    """Start a worker, warm it up, submit ``jsonl`` as ``run_name``, wait, measure, stop the worker."""
-    worker = WorkerProcess(scratch, model=model, concurrency=concurrency, engine_args=engine_args,
-                           name=f"bench-{run_name}")
-    try:
-        worker.wait_ready()
-        _submit(scratch, [_warmup_file(jsonl)], config, run_name=f"{run_name}-warmup", batch_size=batch_size)
-        _wait_done(scratch, worker, f"{run_name}-warmup")
+class SystemUnderTest:
+    """One ``regen worker`` (K batches in flight) on its own queue, kept up across measured runs.
+
+    Start several (their engines load in parallel), ``wait_ready`` each, then ``run``
+    them in turn: a worker that is not being measured is idle (its Celery consumer polls
+    Redis once a second, its engine waits for requests), and the benchmark reports how
+    much CPU the idle engines took.
+    """
+
+    def __init__(self, scratch: Scratch, *, model: str, jsonl: Path, config: RunConfig, concurrency: int,
+                 batch_size: int, engine_args: dict, label: str):
+        self.scratch, self.jsonl, self.config, self.batch_size = scratch, jsonl, config, batch_size
+        self.queue = f"{scratch.queue}-{label}"
+        self.worker = WorkerProcess(scratch, model=model, concurrency=concurrency, engine_args=engine_args,
+                                    name=f"bench-{label}", queue=self.queue)
+        self.label = label
+
+    def wait_ready(self) -> None:
+        """Engine loaded, then a small warm-up run (first compilation, first claim): none of it measured."""
+        self.worker.wait_ready()
+        name = f"{self.label}-warmup"
+        with per_sample_budgets():
+            _submit(self.scratch, [_warmup_file(self.jsonl)], self.config, run_name=name,
+                    batch_size=self.batch_size, queue=self.queue)
+        _wait_done(self.scratch, self.worker, name, self.queue)
+
+    def run(self, run_name: str) -> WorkerRun:
+        """Submit every prompt as ``run_name``, wait until it is done, measure it from the ledger."""
         load = os.getloadavg()[0]
-        pg_started = postmaster_started(scratch)
-        expected = _submit(scratch, [jsonl], config, run_name=run_name, batch_size=batch_size)
-        _wait_done(scratch, worker, run_name)
-        pids = worker.pids()
-        disturbed = postmaster_started(scratch) != pg_started
-    finally:
-        worker.stop()
-    tokens, seconds, samples, stopped, failed, batches = _measure(scratch, run_name)
-    if failed or batches != expected:
-        raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
-    return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
-                     batches=batches, load=load, worker_pids=pids, disturbed=disturbed)
+        pg_started = postmaster_started(self.scratch)
+        with per_sample_budgets():
+            expected = _submit(self.scratch, [self.jsonl], self.config, run_name=run_name,
+                               batch_size=self.batch_size, queue=self.queue)
+        _wait_done(self.scratch, self.worker, run_name, self.queue)
+        disturbed = postmaster_started(self.scratch) != pg_started
+        tokens, seconds, samples, stopped, failed, batches, in_flight = _measure(self.scratch, run_name)
+        if failed or batches != expected:
+            raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
+        return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
+                         batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
+                         batches_in_flight=in_flight)
+
+    def stop(self) -> None:
+        self.worker.stop()

@@ -1,13 +1,17 @@
 """Is the engine saturated? Output tokens/s of bare vLLM, of the whole system, and of one batch at a time.
 
-    python -m bench.throughput                          # defaults: 1,024 prompts, batches of 64, K=8
-    python -m bench.throughput --prompts 512 --concurrency 8 --batch-size 64
+    python -m bench.throughput                 # 2,048 prompts, batches of 64, K=24, 2 cycles
+    python -m bench.throughput --prompts 512 --cycles 1 --concurrency 16 --batch-size 32
+
+Every engine (the bare one and one worker per configuration) loads once, at the same
+time, and stays up; a run's wall time is then the engine loads plus 2 x cycles + 1 runs.
 
 One invocation, the same prompts, the same sampling and the same engine settings:
 
-(a) bare vLLM: ``LLM.generate`` over every prompt at once, the ceiling. Run before,
-    between and after the system runs; the median is the reference, the spread is
-    this machine's noise.
+(a) bare vLLM: ``LLM.generate`` over every prompt at once, the ceiling. Run first and
+    after every system run (a, b, a, c, a, b, a, c, a with ``--cycles 2``); each system
+    run is compared with the bare runs just before and after it, because this shared
+    machine drifts by tens of percent within minutes.
 (b) the whole system: submit -> Redis -> ``regen worker --concurrency K`` -> S3 (a
     moto server) -> ledger (a scratch Postgres database). Tokens come from the ledger;
     the window runs from the first claim (``min(started_at)``) to the last commit
@@ -35,8 +39,8 @@ from pathlib import Path
 import psutil
 
 from bench.prompts import throughput_rows, write_jsonl
-from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, Scratch, scratch_services
-from bench.system_run import WorkerRun, per_sample_budgets, run_on_worker
+from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
+from bench.system_run import SystemUnderTest, WorkerRun
 
 #: Engine settings of both (a) and the worker, on top of worker/engine.py DEFAULT_ENGINE_ARGS.
 #: Chunked prefill is off because vLLM 0.32's CPU build crashes when it splits the prefill
@@ -55,6 +59,11 @@ class Measurement:
     requests: int
     stopped_early: int
     load: float
+    #: CPU seconds of the engine's own processes (EngineCore and its worker) during the run,
+    #: and of everything else of that system (the benchmark process for (a); the launcher and
+    #: the Celery worker process for (b)/(c)): what the frontend cost besides the model.
+    engine_cpu_s: float = 0.0
+    frontend_cpu_s: float = 0.0
 
     @property
     def tok_s(self) -> float:
@@ -133,6 +142,20 @@ class BareEngine:
             engine.engine_core.shutdown()
 
 
+def _split_cpu_s(pids: set[int]) -> tuple[float, float]:
+    """(engine, frontend) CPU seconds so far of these processes; vLLM names its own ``VLLM::...``."""
+    engine = frontend = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(pid)
+            used = sum(proc.cpu_times()[:2])
+            if proc.name().startswith("VLLM") or "VLLM::" in " ".join(proc.cmdline()[:1]):
+                engine += used
+            else:
+                frontend += used
+    return engine, frontend
+
+
 def _cpu_s(pids: set[int]) -> float:
     """CPU seconds used so far by these processes (the bare engine's, idle during the system runs)."""
     total = 0.0
@@ -143,6 +166,7 @@ def _cpu_s(pids: set[int]) -> float:
 
 
 def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
+    what += f", {result.batches} batches, {result.batches_in_flight:.1f} in flight on average"
     if result.disturbed:
         what += " (DISTURBED: Postgres was restarted during the run)"
     return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,
@@ -154,40 +178,48 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
     median = statistics.median(m.tok_s for m in bare)
     lines = [
         "",
-        "| run | what | requests | output tokens | seconds | tokens/s | / bare median | load avg (1 min) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| run | what | requests | output tokens | seconds | tokens/s | / bare median | CPU-s engine / frontend "
+        "| load avg (1 min) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in measurements:
         lines.append(f"| {m.label} | {m.what} | {m.requests:,} | {m.tokens:,} | {m.seconds:.1f} | {m.tok_s:,.0f} "
-                     f"| {m.tok_s / median:.2f} | {m.load:.1f} |")
+                     f"| {m.tok_s / median:.2f} | {m.engine_cpu_s:.0f} / {m.frontend_cpu_s:.0f} | {m.load:.1f} |")
     low, high = min(m.tok_s for m in bare), max(m.tok_s for m in bare)
-    lines += ["", f"bare (a): median {median:,.0f} tok/s over {len(bare)} runs, spread {low:,.0f}-{high:,.0f} "
+    lines += ["", f"(a) bare: median {median:,.0f} tok/s over {len(bare)} runs, spread {low:,.0f}-{high:,.0f} "
                   f"({(high - low) / median * 100:.0f}% of the median)"]
-    for m in measurements:
-        if m.label.startswith("a"):
+    for kind in ("b", "c"):
+        runs = [(i, m) for i, m in enumerate(measurements) if m.label.startswith(kind)]
+        if not runs:
             continue
-        index = measurements.index(m)
-        neighbours = [x.tok_s for x in measurements[max(0, index - 1):index + 2] if x.label.startswith("a")]
-        lines.append(f"({m.label}) / (a) = {m.tok_s / median:.3f}   against the bare runs just before and after: "
-                     f"{m.tok_s / statistics.mean(neighbours):.3f}   [{m.what}]")
+        # Against the bare runs just before and after each system run: what the machine gave
+        # at that time (it drifts by tens of percent here); the median over repeats.
+        paired = [m.tok_s / statistics.mean(x.tok_s for x in (measurements[i - 1], measurements[i + 1]))
+                  for i, m in runs]
+        own = statistics.median(m.tok_s for _, m in runs)
+        lines.append(f"({kind}) / (a) = {statistics.median(paired):.3f} against the neighbouring bare runs "
+                     f"(each: {', '.join(f'{r:.3f}' for r in paired)}); {own / median:.3f} median against "
+                     f"median   [{runs[0][1].what.split(',')[0]}, {own:,.0f} tok/s]")
     stops = sum(m.stopped_early for m in measurements)
+    total_s = sum(m.seconds for m in measurements)
     lines.append(f"requests that stopped before their max_tokens (EOS): {stops} of "
-                 f"{sum(m.requests for m in measurements)}; idle bare engine CPU during the system runs: "
-                 f"{idle_cpu_s:.1f} s")
+                 f"{sum(m.requests for m in measurements)}; the idle engines used {idle_cpu_s:.1f} CPU-s while "
+                 f"another was measured ({idle_cpu_s / total_s * 100:.1f}% of one core)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=1024)
+    p.add_argument("--prompts", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=8, help="K: batches in flight in the system run (b)")
+    p.add_argument("--concurrency", type=int, default=24, help="K: batches in flight in the system run (b); "
+                   "K x batch size ~ 6 x max_num_seqs for this long tail (docs/performance.md)")
     p.add_argument("--mean-tokens", type=float, default=200.0, help="mean of the lognormal output budget")
     p.add_argument("--max-tokens", type=int, default=1400, help="cap of the output budget (the run's max_tokens)")
+    p.add_argument("--cycles", type=int, default=2, help="repeats of b, a, c, a after the first bare run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="model directory (default: build the tiny random model)")
     p.add_argument("--no-baseline", action="store_true", help="skip (c), the one-batch-at-a-time worker")
-    p.add_argument("--repeat-system", type=int, default=1, help="runs of (b), each followed by a bare run")
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
     p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
     args = p.parse_args(argv)
@@ -205,48 +237,67 @@ def main(argv: list[str] | None = None) -> int:
     config = run_config(model, args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
     settings = engine_args()
-    in_flight = args.concurrency * args.batch_size
     print(f"workload: {len(rows):,} single-turn prompts; max_tokens per request lognormal, mean "
           f"{statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, max {max(budgets)}; "
           f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (the worker does not pass it)'}")
     print(f"engine (a, b, c): {', '.join(f'{k}={v}' for k, v in settings.items())}; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}")
-    print(f"system (b): batches of {args.batch_size}, K={args.concurrency} in flight = {in_flight} requests "
-          f"(max_num_seqs {settings['max_num_seqs']}); baseline (c): K=1")
+    print(f"system (b): batches of {args.batch_size}, K={args.concurrency} in flight = "
+          f"{args.concurrency * args.batch_size} requests (max_num_seqs {settings['max_num_seqs']}); baseline (c): "
+          f"K=1; order: a, then {args.cycles} x (b, a{'' if args.no_baseline else ', c, a'})", flush=True)
 
-    bare = BareEngine(model)
-    bare_pids = {child.pid for child in psutil.Process().children(recursive=True)}
-    prompts, params = bare.requests(rows, config.as_record())
-    bare.run("warm-up", prompts[:16], params[:16])
-    measurements = [bare.run("a1", prompts, params)]
-    print(f"a1 bare: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
-    idle_cpu_s = 0.0
-    plan = [("b", args.concurrency, f"system, K={args.concurrency}")] * args.repeat_system
-    if not args.no_baseline:
-        plan.append(("c", 1, "one batch at a time, K=1"))
+    kinds = [("b", args.concurrency)] + ([] if args.no_baseline else [("c", 1)])
     with scratch_services(admin_dsn=args.admin_dsn, redis_url=args.redis_url) as scratch:
         jsonl = Path(scratch.workdir) / "prompts.jsonl"
         write_jsonl(jsonl, rows)
-        for n, (label, k, what) in enumerate(plan, start=1):
-            cpu_before = _cpu_s(bare_pids)
-            result = _system_run(scratch, model, jsonl, config, k=k, batch_size=args.batch_size,
-                                 name=f"{label}{n}-k{k}")
-            idle_cpu_s += _cpu_s(bare_pids) - cpu_before
-            measurements.append(system_measurement(f"{label}{n}" if args.repeat_system > 1 else label, what, result))
-            print(f"{measurements[-1].label} {what}: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
-            measurements.append(bare.run(f"a{n + 1}", prompts, params))
-            print(f"a{n + 1} bare: {measurements[-1].tok_s:,.0f} tok/s", flush=True)
-    bare.shutdown()
+        # Every engine loads once, all at the same time; none of it is measured.
+        systems = {kind: SystemUnderTest(scratch, model=model, jsonl=jsonl, config=config, concurrency=k,
+                                         batch_size=args.batch_size, engine_args=BENCH_ENGINE_ARGS,
+                                         label=f"{kind}-k{k}")
+                   for kind, k in kinds}
+        try:
+            bare = BareEngine(model)
+            prompts, params = bare.requests(rows, config.as_record())
+            bare.run("warm-up", prompts[:16], params[:16])
+            for system in systems.values():
+                system.wait_ready()
+            engines = {"a": _engine_pids() | {os.getpid()},
+                       **{kind: system.worker.pids() for kind, system in systems.items()}}
+            # moto serves the system runs' S3: neither the bare engine's frontend nor idle.
+            engines["a"] -= set().union({scratch.moto.pid}, *(engines[kind] for kind in systems))
+            measurements, idle_cpu_s = [], 0.0
+            order = ["a"]
+            for _ in range(args.cycles):
+                for kind, _k in kinds:
+                    order += [kind, "a"]
+            for label in order:
+                idle = set().union(*(pids for kind, pids in engines.items() if kind != label))
+                cpu_before = _cpu_s(idle)
+                own_before = _split_cpu_s(engines[label])
+                n = sum(m.label.startswith(label) for m in measurements) + 1
+                if label == "a":
+                    measurements.append(bare.run(f"a{n}", prompts, params))
+                else:
+                    k = dict(kinds)[label]
+                    what = f"system, K={k}" if label == "b" else "one batch at a time, K=1"
+                    measurements.append(system_measurement(f"{label}{n}", what, systems[label].run(f"{label}{n}")))
+                idle_cpu_s += _cpu_s(idle) - cpu_before
+                own_after = _split_cpu_s(engines[label])
+                measurements[-1].engine_cpu_s = own_after[0] - own_before[0]
+                measurements[-1].frontend_cpu_s = own_after[1] - own_before[1]
+                print(f"{measurements[-1].label}: {measurements[-1].tok_s:,.0f} tok/s "
+                      f"(load {measurements[-1].load:.1f})", flush=True)
+            bare.shutdown()
+        finally:
+            for system in systems.values():
+                system.stop()
     print(report(measurements, idle_cpu_s=idle_cpu_s))
     print(f"wall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 
 
-def _system_run(scratch: Scratch, model: str, jsonl: Path, config, *, k: int, batch_size: int,
-                name: str) -> WorkerRun:
-    with per_sample_budgets():
-        return run_on_worker(scratch, model=model, jsonl=jsonl, config=config, concurrency=k,
-                             batch_size=batch_size, run_name=name, engine_args=BENCH_ENGINE_ARGS)
+def _engine_pids() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
 if __name__ == "__main__":
