@@ -126,7 +126,7 @@ def test_multi_turn_conversations_get_one_event_per_assistant_turn(rows):
 
 
 def test_regenerated_tool_calls_are_parsed_and_the_source_results_spliced_after_them(rows):
-    """Tool rows: each regenerated call is structured; results follow it in order, or the row says why not."""
+    """Tool rows: each regenerated call is structured; the source's results follow it in order, or it ends the row."""
     spliced = 0
     for row in rows["on"] + rows["off"]:
         if not row["tools"]:
@@ -148,8 +148,8 @@ def test_regenerated_tool_calls_are_parsed_and_the_source_results_spliced_after_
                 assert [r["name"] for r in results] == [c["function"]["name"] for c in message["tool_calls"]]
                 spliced += 1
             else:
-                # Nothing spliced: the conversation ends here, and the row says why (or the
-                # source itself ended with the call).
+                # Nothing spliced: the conversation ends here (the calls no longer match the
+                # source's results, and stop_reason says so, or this was the last turn).
                 assert message is messages[-1]
     assert spliced >= 4, spliced
     print(f"tool turns with spliced results: {spliced}")
