@@ -126,7 +126,8 @@ def test_a_permanent_s3_error_fails_the_batch_loudly_then_it_is_dead(farm, fault
     assert proxy.count(method="PUT", outcome="fail") <= 2 + 4  # + earlier test's transient ones
     row = fault_report("S3 access denied on upload (permanent)",
                        account(farm["sessions"], "s3-denied", expected_ids=ids))
-    assert row.lost == len(ids) and row.done == 0  # pending in a dead batch: visible, never silently acked
+    # Pending in a dead batch: visible with its error, never silently acknowledged, never lost.
+    assert (row.done, row.dead, row.lost) == (0, len(ids), 0)
 
 
 def test_poison_samples_fail_alone_and_a_poison_shard_dies_after_its_attempts(farm, fault_report):
@@ -161,7 +162,7 @@ def test_a_corrupt_input_shard_kills_only_its_batch_after_max_attempts(farm, fau
     [err] = _status(farm, "corrupt")["batch_errors"]
     assert err["failures"] == 2 and "ShardError" in err["error"]
     row = fault_report("corrupt input shard", account(farm["sessions"], "corrupt", expected_ids=ids))
-    assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (4, 4, 0, 0)
+    assert (row.done, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (4, 4, 0, 0, 0)
 
 
 def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_again(farm, fault_report):
