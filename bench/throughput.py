@@ -157,12 +157,8 @@ def _split_cpu_s(pids: set[int]) -> tuple[float, float]:
 
 
 def _cpu_s(pids: set[int]) -> float:
-    """CPU seconds used so far by these processes (the bare engine's, idle during the system runs)."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(psutil.Process(pid).cpu_times()[:2])
-    return total
+    """CPU seconds used so far by these processes, engine and frontend together."""
+    return sum(_split_cpu_s(pids))
 
 
 def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
