@@ -42,10 +42,9 @@ from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
 from bench.system_run import SystemUnderTest, WorkerRun
 
-#: Engine settings of both (a) and the worker, on top of worker/engine.py DEFAULT_ENGINE_ARGS.
-#: Chunked prefill is off because vLLM 0.32's CPU build crashes when it splits the prefill
-#: of a *seeded* request ("CPU Generator does not use offset"), and every regen request is seeded.
-BENCH_ENGINE_ARGS = {"max_model_len": 4096, "enable_chunked_prefill": False}
+#: Engine settings of both (a) and the worker, on top of worker/engine.py's engine_defaults
+#: (on the CPU: 256 sequences, 8,192 batched tokens, no chunked prefill).
+BENCH_ENGINE_ARGS = {"max_model_len": 4096}
 #: KV cache of each CPU engine, GiB: 256 sequences x 1.5K tokens of the tiny model need ~0.2.
 KV_CACHE_GIB = "1"
 
@@ -74,10 +73,11 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def engine_args() -> dict:
-    from worker.engine import DEFAULT_ENGINE_ARGS
+def engine_args(extra: dict | None = None, *, on_cpu: bool = True) -> dict:
+    """What the worker's engine is built with: regen's defaults for the platform, then the benchmark's."""
+    from worker.engine import engine_defaults
 
-    return {**DEFAULT_ENGINE_ARGS, **BENCH_ENGINE_ARGS}
+    return {**engine_defaults(on_cpu), **BENCH_ENGINE_ARGS, **(extra or {})}
 
 
 def run_config(model: str, max_tokens: int):
@@ -96,10 +96,10 @@ def run_config(model: str, max_tokens: int):
 class BareEngine:
     """(a): vLLM's offline ``LLM`` with the worker's engine settings, over the worker's exact requests."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, settings: dict | None = None):
         from vllm import LLM
 
-        self.llm = LLM(model=model, **engine_args())
+        self.llm = LLM(model=model, **(settings if settings is not None else engine_args()))
 
     def requests(self, rows: list[dict], run_sampling: dict) -> tuple[list[dict], list]:
         from transformers import AutoTokenizer
@@ -208,14 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=24, help="K: batches in flight in the system run (b); "
-                   "K x batch size ~ 6 x max_num_seqs for this long tail (docs/performance.md)")
+    p.add_argument("--concurrency", type=int, default=0, help="K: batches the worker holds in the system run (b); "
+                   "0 (the default): the worker's own choice, from its engine's max_num_seqs")
     p.add_argument("--mean-tokens", type=float, default=200.0, help="mean of the lognormal output budget")
     p.add_argument("--max-tokens", type=int, default=1400, help="cap of the output budget (the run's max_tokens)")
     p.add_argument("--cycles", type=int, default=2, help="repeats of b, a, c, a after the first bare run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="model directory (default: build the tiny random model)")
     p.add_argument("--no-baseline", action="store_true", help="skip (c), the one-batch-at-a-time worker")
+    p.add_argument("--engine-arg", action="append", default=[],
+                   help="vLLM engine argument key=value for every engine, (a) and the workers alike (repeatable)")
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
     p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
     args = p.parse_args(argv)
@@ -232,14 +234,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     config = run_config(model, args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
-    settings = engine_args()
+    from worker.options import parse_engine_args
+
+    extra = parse_engine_args(args.engine_arg)
+    settings = engine_args(extra)
     print(f"workload: {len(rows):,} single-turn prompts; max_tokens per request lognormal, mean "
           f"{statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, max {max(budgets)}; "
           f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (the worker does not pass it)'}")
     print(f"engine (a, b, c): {', '.join(f'{k}={v}' for k, v in settings.items())}; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}")
-    print(f"system (b): batches of {args.batch_size}, K={args.concurrency} in flight = "
-          f"{args.concurrency * args.batch_size} requests (max_num_seqs {settings['max_num_seqs']}); baseline (c): "
+    from worker.admission import admission_level, batches_to_hold
+
+    held = args.concurrency or batches_to_hold(settings["max_num_seqs"])
+    print(f"system (b): batches of {args.batch_size}, K={held} held{'' if args.concurrency else ' (the default)'}"
+          f", admitted to the engine {admission_level(settings['max_num_seqs'])} conversations at a time "
+          f"(max_num_seqs {settings['max_num_seqs']}); baseline (c): "
           f"K=1; order: a, then {args.cycles} x (b, a{'' if args.no_baseline else ', c, a'})", flush=True)
 
     kinds = [("b", args.concurrency)] + ([] if args.no_baseline else [("c", 1)])
@@ -248,11 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         write_jsonl(jsonl, rows)
         # Every engine loads once, all at the same time; none of it is measured.
         systems = {kind: SystemUnderTest(scratch, model=model, jsonl=jsonl, config=config, concurrency=k,
-                                         batch_size=args.batch_size, engine_args=BENCH_ENGINE_ARGS,
+                                         batch_size=args.batch_size, engine_args={**BENCH_ENGINE_ARGS, **extra},
                                          label=f"{kind}-k{k}")
                    for kind, k in kinds}
         try:
-            bare = BareEngine(model)
+            bare = BareEngine(model, settings)
             prompts, params = bare.requests(rows, config.as_record())
             bare.run("warm-up", prompts[:16], params[:16])
             for system in systems.values():
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                     measurements.append(bare.run(f"a{n}", prompts, params))
                 else:
                     k = dict(kinds)[label]
-                    what = f"system, K={k}" if label == "b" else "one batch at a time, K=1"
+                    what = (f"system, K={k or 'auto'}" if label == "b" else "one batch at a time, K=1")
                     measurements.append(system_measurement(f"{label}{n}", what, systems[label].run(f"{label}{n}")))
                 idle_cpu_s += _cpu_s(idle) - cpu_before
                 own_after = _split_cpu_s(engines[label])

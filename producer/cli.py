@@ -14,6 +14,7 @@ import click
 
 from ledger.errors import RegenError
 from ledger.settings import Settings, redact
+from worker.options import WorkerOptions
 
 
 def _settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
@@ -147,20 +148,26 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
         click.echo(f"  {reason}: {n}")
 
 
+_W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker/options.py
+
+
 @main.command()
 @click.option("--gpus", default="none", show_default=True, help="none (one CPU engine) | all | 0,1,2,3")
 @click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size: GPUs per engine")
-@click.option("--concurrency", type=int, default=8, show_default=True, help="batches in flight per engine")
-@click.option("--queue", "queues", default="regen", show_default=True, help="queues to consume (comma-separated)")
+@click.option("--concurrency", type=int, default=_W.concurrency, show_default=True,
+              help="batches each engine holds; 0: derived from its max_num_seqs (admission keeps it full)")
+@click.option("--queue", "queues", default=",".join(_W.queues), show_default=True,
+              help="queues to consume (comma-separated)")
 @click.option("--model", default=None, help="load this model at start (default: the first batch's model)")
 @click.option("--engine-arg", "engine_args", multiple=True, help="vLLM engine argument key=value (repeatable)")
-@click.option("--lease-s", type=float, default=90.0, show_default=True,
+@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True,
               help="a running batch without heartbeat for this long may be taken over")
-@click.option("--max-attempts", type=int, default=3, show_default=True, help="failures before a batch is dead")
-@click.option("--heartbeat-s", type=float, default=15.0, show_default=True, help="lease refresh interval")
-@click.option("--reconcile-s", type=float, default=60.0, show_default=True,
+@click.option("--max-attempts", type=int, default=_W.max_attempts, show_default=True,
+              help="failures before a batch is dead")
+@click.option("--heartbeat-s", type=float, default=_W.heartbeat_s, show_default=True, help="lease refresh interval")
+@click.option("--reconcile-s", type=float, default=_W.reconcile_s, show_default=True,
               help="how often this node offers to requeue lost batches (0: never)")
-@click.option("--requeue-grace-s", type=float, default=300.0, show_default=True,
+@click.option("--requeue-grace-s", type=float, default=_W.requeue_grace_s, show_default=True,
               help="queued batches wait this long before the reconciler republishes them (broker empty only)")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="engine and worker metrics on this port + process index (0: off)")
@@ -218,7 +225,7 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
 
 @main.command()
 @click.option("--run", "run_name", default=None, help="one run (default: all)")
-@click.option("--lease-s", type=float, default=90.0, show_default=True,
+@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True,
               help="running batches without a heartbeat for this long are presumed lost")
 @click.option("--max-attempts", type=int, default=3, show_default=True)
 @db_option
@@ -317,7 +324,7 @@ def clean(run_name: str, delete_ledger: bool, yes: bool, force: bool, database_u
 @main.command()
 @click.option("--run", "run_name", required=True)
 @click.option("--force", is_flag=True, help="continue even though the quality gate would pause the run again")
-@click.option("--lease-s", type=float, default=90.0, show_default=True)
+@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True)
 @db_option
 @redis_option
 def resume(run_name: str, force: bool, lease_s: float, database_url: str | None, redis_url: str | None) -> None:

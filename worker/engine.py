@@ -17,35 +17,71 @@ import contextlib
 import itertools
 import logging
 import os
+import subprocess
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from .admission import AdmissionGate, admission_level
+from .dialogue import Generation
+
 log = logging.getLogger(__name__)
 
-#: Engine settings that differ from vLLM's AsyncLLM defaults. AsyncLLM defaults to
-#: max_num_seqs 128 and 2,048 batched tokens (unlike ``LLM``), which starves a
-#: throughput job; these are the offline-batch values. Override with --engine-arg.
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": 8192,
-    "enable_prefix_caching": True,
-    "disable_log_stats": True,
-}
+#: The vLLM releases regen is tested on: 0.26 (CUDA, the lent H200s) through the CPU
+#: build's 0.32 and the newest. The API differences between them are handled here
+#: (see ``_unfinished_counter``); pyproject's ``gpu`` extra states the same range.
+SUPPORTED_VLLM = (">=0.26", "<0.34")
+
+#: Settings regen adds on every platform. Prefix caching: a multi-turn conversation's
+#: next turn repeats the previous prompt; stats off: they cost a log line per step.
+COMMON_ENGINE_ARGS: dict[str, Any] = {"enable_prefix_caching": True, "disable_log_stats": True}
+
+#: vLLM's CPU build: its offline defaults are sized for a big CPU node, and seeded
+#: requests crash it when their prefill is chunked ("CPU Generator does not use
+#: offset", vLLM CPU 0.32), and every regen request is seeded. Without chunking, one
+#: step must fit a whole prompt, hence batched tokens >= max_model_len.
+CPU_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens": 8192,
+                                   "enable_chunked_prefill": False}
+
+
+def engine_defaults(on_cpu: bool) -> dict[str, Any]:
+    """regen's engine settings under the user's ``--engine-arg``s.
+
+    On GPUs regen sets no limits of its own: the engine is built as vLLM's offline
+    ``LLM`` builds it (usage context LLM_CLASS), so vLLM sizes max_num_seqs and the
+    batched tokens for the GPU it finds (1,024 and 16,384 on an H100/H200, 256 and
+    8,192 on smaller cards). A fixed 256/8,192 cost an H200 19% (docs/performance.md).
+    """
+    return {**COMMON_ENGINE_ARGS, **(CPU_ENGINE_ARGS if on_cpu else {})}
+
+
+def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | None = None) -> int:
+    """The max_num_seqs the engine will be built with, known before it is (vLLM's rule).
+
+    A worker sizes its Celery threads before its first batch names the model, so it
+    cannot ask the engine yet. vLLM's offline defaults (``EngineArgs.get_batch_defaults``,
+    0.26-0.32): 1,024 on GPUs of 70 GiB or more except the A100, else 256; its CPU build 256.
+    """
+    if "max_num_seqs" in engine_args:
+        return int(engine_args["max_num_seqs"])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if cuda_visible is None else cuda_visible
+    if not visible.strip():
+        return int(CPU_ENGINE_ARGS["max_num_seqs"])
+    first = visible.split(",")[0].strip()
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", first, "--query-gpu=memory.total,name",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout.strip().splitlines()[0]
+        mib, name = (x.strip() for x in out.split(",", 1))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return 256
+    big = float(mib) >= 160 * 1024 or (float(mib) >= 70 * 1024 and "a100" not in name.lower())
+    return 1024 if big else 256
 
 
 class EngineDead(RuntimeError):
     """The engine process died (OOM kill, CUDA error). The worker process must restart."""
-
-
-@dataclass
-class EngineGeneration:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -57,8 +93,14 @@ class EngineHost:
     _llm: Any = None
     tokenizer: Any = None
     max_model_len: int = 0
+    #: What the engine was built with (vLLM's own default where regen sets none).
+    max_num_seqs: int = 0
     engine_version: str = ""
+    #: Conversations enter the engine through this gate (worker/admission.py).
+    admission: AdmissionGate | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
+    _tickets: itertools.count = field(default_factory=itertools.count)
+    _count_unfinished: Any = None
 
     def start(self) -> None:
         """Load the tokenizer and the engine (blocking; ~20 s for the tiny model on a CPU)."""
@@ -69,22 +111,25 @@ class EngineHost:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._build(), self._loop).result()
-        log.info("engine ready: %s (max_model_len %d, %s)", self.model, self.max_model_len,
-                 self.engine_version)
+        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d, admitting %d conversations at once)",
+                 self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.admission.level)
 
     async def _build(self) -> None:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = {**DEFAULT_ENGINE_ARGS, **self.engine_args}
-        if current_platform.is_cpu():
-            # vLLM's CPU build (0.32) kills the engine ("CPU Generator does not use offset") when
-            # a seeded request's prompt is prefilled in chunks, and every regen request is seeded.
-            args.setdefault("enable_chunked_prefill", False)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **args))
+        args = {**engine_defaults(current_platform.is_cpu()), **self.engine_args}
+        # LLM_CLASS: vLLM's offline-batch defaults for this GPU (AsyncLLM's own context
+        # would give 128 sequences and 2,048 batched tokens, sized for serving latency).
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **args),
+                                              usage_context=UsageContext.LLM_CLASS)
         self.max_model_len = self._llm.model_config.max_model_len
+        self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
+        self.admission = AdmissionGate(admission_level(self.max_num_seqs))
+        self._count_unfinished = _unfinished_counter(self._llm)
         self.engine_version = f"vllm {vllm.__version__}"
 
     def submit(self, coro: Coroutine) -> concurrent.futures.Future:
@@ -93,7 +138,11 @@ class EngineHost:
             raise RuntimeError("engine not started")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> EngineGeneration:
+    def new_batch_ticket(self) -> int:
+        """Admission order of a batch: batches taken earlier get the engine first."""
+        return next(self._tickets)
+
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
         """Generate one completion; runs on the engine loop. Cancelling it aborts the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -110,7 +159,7 @@ class EngineHost:
         if final is None:
             raise EngineDead(f"engine returned no output for {request_id}")
         completion = final.outputs[0]
-        return EngineGeneration(
+        return Generation(
             prompt_token_ids=list(final.prompt_token_ids or prompt_token_ids),
             token_ids=list(completion.token_ids),
             text=completion.text,
@@ -123,7 +172,8 @@ class EngineHost:
         return self._llm is not None and not self._llm.errored
 
     def num_unfinished(self) -> int:
-        return self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        """Requests the engine holds, running or waiting."""
+        return self._count_unfinished() if self._llm is not None else 0
 
     def _cancel_output_handler(self) -> None:
         """Stop vLLM's output handler before the engine core goes.
@@ -155,3 +205,12 @@ class EngineHost:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+
+def _unfinished_counter(llm: Any):
+    """``AsyncLLM.get_num_unfinished_requests`` where it exists (0.27+); 0.26 has it
+    only on the output processor, which keeps one state per unfinished request."""
+    method = getattr(llm, "get_num_unfinished_requests", None)
+    if method is not None:
+        return method
+    return llm.output_processor.get_num_unfinished_requests

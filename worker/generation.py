@@ -1,10 +1,11 @@
-"""Generate one batch on the shared engine: every conversation at once, each turn on policy.
+"""Generate one batch on the shared engine: each conversation as soon as it is admitted, each turn on policy.
 
-Runs on the engine's event loop. All conversations of the batch are started
-together, so the engine sees them as soon as the batch arrives and each next turn
-is submitted the moment the previous one finishes (no per-batch barrier between
-turns). A sample that cannot be generated becomes a failed row with its reason;
-only an engine failure fails the batch.
+Runs on the engine's event loop. Every conversation of the batch waits for a slot
+at the engine's admission gate (worker/admission.py: oldest batch first) and keeps
+it for all its turns, so each next turn is submitted the moment the previous one
+finishes (no per-batch barrier between turns) and the engine takes the next held
+conversation whenever one ends. A sample that cannot be generated becomes a failed
+row with its reason; only an engine failure fails the batch.
 """
 
 from __future__ import annotations
@@ -84,8 +85,14 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
 
 
 async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict) -> list[dict]:
-    """All samples of one batch, concurrently. Raises EngineDead if the engine fails."""
-    tasks = [asyncio.ensure_future(generate_sample(engine, renderer, s, run)) for s in samples]
+    """All samples of one batch, each once admitted. Raises EngineDead if the engine fails."""
+    ticket = engine.new_batch_ticket()
+
+    async def admitted(index: int, sample: dict) -> dict:
+        async with engine.admission.slot((ticket, index)):
+            return await generate_sample(engine, renderer, sample, run)
+
+    tasks = [asyncio.ensure_future(admitted(i, s)) for i, s in enumerate(samples)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:

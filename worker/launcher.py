@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ledger.dispatch import DEFAULT_QUEUE
+
 log = logging.getLogger("regen.launcher")
 
 #: Restart back-off for a crashing child: 2 s doubling to 5 min. A child that ran
@@ -66,8 +68,8 @@ def parse_gpus(spec: str) -> list[str] | None:
     return gpus
 
 
-def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = None, queues: str = "regen",
-                   concurrency: int = 8, model: str | None = None, engine_args: list[str] | None = None,
+def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = None, queues: str = DEFAULT_QUEUE,
+                   concurrency: int = 0, model: str | None = None, engine_args: list[str] | None = None,
                    extra_args: list[str] | None = None, base_env: dict[str, str] | None = None,
                    metrics_port: int = 0,
                    python: str = sys.executable) -> list[ProcessPlan]:

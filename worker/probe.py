@@ -38,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .engine import DEFAULT_ENGINE_ARGS, EngineHost
+from .engine import EngineHost, engine_defaults
 from .generation import generate_batch
-from .process import parse_engine_args
+from .options import parse_engine_args
 from .rendering import Renderer
 
 log = logging.getLogger("regen.probe")
@@ -222,20 +222,15 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
     a full engine). Stats are on so the engine's generated-token counter can be read.
     """
     engine_args = {**engine_args, "disable_log_stats": False}
-    if _on_cpu():
-        # vLLM's CPU build (0.32) kills the engine when a request with a seed is prefilled
-        # in chunks ("CPU Generator does not use offset"), and a full engine of fresh
-        # conversations always chunks some prompt. Whole prompts only, unless told otherwise.
-        engine_args.setdefault("enable_chunked_prefill", False)
     if in_flight is not None and in_flight < 1:
         raise ValueError("in_flight must be at least 1")
-    if in_flight is None:
-        in_flight = int({**DEFAULT_ENGINE_ARGS, **engine_args}["max_num_seqs"])
     engine = EngineHost(model=run["model"], engine_args=engine_args)
     load_start = time.monotonic()
     engine.start()
     try:
         load_s = time.monotonic() - load_start
+        # As full as a worker keeps it: its admission level (worker/admission.py).
+        in_flight = in_flight or engine.admission.level
         renderer = Renderer(engine.tokenizer, engine.max_model_len)
         result = engine.submit(probe_samples(engine, renderer, samples, run, in_flight=in_flight)).result()
     finally:
@@ -245,7 +240,7 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
         "model": run["model"],
         "engine_version": engine.engine_version,
         "max_model_len": engine.max_model_len,
-        "engine_args": {**DEFAULT_ENGINE_ARGS, **engine_args},
+        "engine_args": {**engine_defaults(_on_cpu()), **engine_args, "max_num_seqs": engine.max_num_seqs},
         "load_s": round(load_s, 2),
         "sampling": run["sampling"],
     }

@@ -13,7 +13,6 @@ each in-flight batch is handed back to the broker within a second.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import socket
 
@@ -22,38 +21,28 @@ from celery import signals
 from ledger.dispatch import make_celery
 from ledger.settings import Settings
 
-from .runtime import WorkerOptions, WorkerRuntime
+from .engine import expected_max_num_seqs
+from .options import WorkerOptions, parse_engine_args
+from .runtime import WorkerRuntime
 from .tasks import register_tasks
 
 log = logging.getLogger("regen.worker")
 
 
-def parse_engine_args(pairs: list[str]) -> dict:
-    """``key=value`` pairs; values are JSON when they parse (numbers, booleans), else strings."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--engine-arg expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except ValueError:
-            out[key.replace("-", "_")] = value
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
+    d = WorkerOptions(name=f"cpu0@{socket.gethostname()}")  # the defaults, declared once
     p = argparse.ArgumentParser(prog="python -m worker.process")
-    p.add_argument("--name", default=f"cpu0@{socket.gethostname()}")
-    p.add_argument("--queues", default="regen")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--model", default=None, help="load this model at start instead of on the first batch")
+    p.add_argument("--name", default=d.name)
+    p.add_argument("--queues", default=",".join(d.queues))
+    p.add_argument("--concurrency", type=int, default=d.concurrency,
+                   help="batches held (Celery threads); 0: derived from the engine's max_num_seqs")
+    p.add_argument("--model", default=d.model, help="load this model at start instead of on the first batch")
     p.add_argument("--engine-arg", action="append", default=[])
-    p.add_argument("--lease-s", type=float, default=90.0)
-    p.add_argument("--heartbeat-s", type=float, default=15.0)
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--reconcile-s", type=float, default=60.0)
-    p.add_argument("--requeue-grace-s", type=float, default=300.0)
+    p.add_argument("--lease-s", type=float, default=d.lease_s)
+    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s)
+    p.add_argument("--max-attempts", type=int, default=d.max_attempts)
+    p.add_argument("--reconcile-s", type=float, default=d.reconcile_s)
+    p.add_argument("--requeue-grace-s", type=float, default=d.requeue_grace_s)
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve vLLM's engine metrics and the batches in flight on this port (0: off)")
     p.add_argument("--loglevel", default="INFO")
@@ -95,9 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     if options.reconcile_s > 0:
         runtime.start_reconciler(app)
     if options.model:
-        runtime.engine_for(options.model)
+        max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
+    else:
+        max_num_seqs = expected_max_num_seqs(engine_args)
+    threads = options.held_batches(max_num_seqs)
+    log.info("%s: holding up to %d batches (max_num_seqs %d)", options.name, threads, max_num_seqs)
     app.worker_main([
-        "worker", "--pool", "threads", "--concurrency", str(options.concurrency), "--hostname", options.name,
+        "worker", "--pool", "threads", "--concurrency", str(threads), "--hostname", options.name,
         "--queues", ",".join(options.queues), "--prefetch-multiplier", "1", "--without-gossip",
         "--without-mingle", "--task-events", "--loglevel", args.loglevel,
     ])

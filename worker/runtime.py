@@ -11,8 +11,6 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
-from typing import Any
 
 from ledger.db import make_engine, make_sessionmaker
 from ledger.objects import ObjectStore
@@ -20,31 +18,10 @@ from ledger.settings import Settings
 
 from .batch_ledger import heartbeat
 from .engine import EngineHost
+from .options import WorkerOptions
 from .rendering import Renderer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    name: str
-    queues: tuple[str, ...] = ("regen",)
-    #: Batches in flight per engine. The engine holds only ~0.6 x batch size live
-    #: requests per batch (the tail), so several batches keep it full (performance.md).
-    concurrency: int = 8
-    model: str | None = None
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    #: A running batch whose heartbeat is older than this is presumed lost and may be
-    #: claimed again. 6 missed heartbeats: a long GC pause or a slow ledger is no crash.
-    lease_s: float = 90.0
-    heartbeat_s: float = 15.0
-    #: Failed attempts before a batch is declared dead (never retried in a loop).
-    max_attempts: int = 3
-    #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
-    reconcile_s: float = 60.0
-    #: A queued batch is republished by the reconciler only when the broker holds no
-    #: message at all and the batch has waited this long (its message may be in flight).
-    requeue_grace_s: float = 300.0
 
 
 class WrongModel(RuntimeError):
@@ -55,7 +32,9 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, options: WorkerOptions):
         self.settings = settings
         self.options = options
-        self.db = make_engine(settings, pool_size=max(5, options.concurrency + 2))
+        # Threads touch the ledger briefly (claim, commit); dozens of held batches share a
+        # few connections, so a node of 8 GPUs does not take Postgres's 100 connections.
+        self.db = make_engine(settings, pool_size=4, max_overflow=4, pool_timeout=120)
         self.sessions = make_sessionmaker(self.db)
         self.store = ObjectStore(max_attempts=settings.s3_max_attempts)
         self.shutting_down = threading.Event()

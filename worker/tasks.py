@@ -13,7 +13,7 @@ from .runtime import WorkerRuntime
 
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
-    def generate_batch(self, *, run: str, run_id: int, batch_id: int, seq: int, input_key: str) -> dict:
+    def batch_task(self, *, run: str, run_id: int, batch_id: int, seq: int, input_key: str) -> dict:
         msg = BatchMessage(run=run, run_id=run_id, batch_id=batch_id, seq=seq, input_key=input_key)
         try:
             outcome = run_batch(runtime, msg)

@@ -1,0 +1,73 @@
+"""Admission on the real engine: the gate bounds what vLLM holds, oldest batch first, and the
+engine reports its limits the same way on every supported vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from producer.normalize import normalize_row
+from worker.admission import AdmissionGate, admission_level
+
+pytestmark = pytest.mark.engine
+
+
+def _samples(n: int, tag: str) -> list[dict]:
+    return [normalize_row({"messages": [{"role": "user", "content": f"{tag}: count to {i + 3}, please."}]})
+            for i in range(n)]
+
+
+def _run(engine_host, renderer, max_tokens: int = 24) -> dict:
+    return {"id": 1, "name": "admission", "model": engine_host.model, "config_hash": "x" * 64,
+            "provenance": {"engine": engine_host.engine_version, "chat_template_sha256": renderer.template_hash},
+            "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "max_tokens": max_tokens, "seed": 3,
+                         "thinking": "off"}}
+
+
+class RecordingGate(AdmissionGate):
+    """The real gate, recording each grant's order and what the engine held at that moment."""
+
+    def __init__(self, level: int, engine_host):
+        super().__init__(level)
+        self.engine_host = engine_host
+        self.grants: list[tuple] = []
+        self.engine_peak = 0
+
+    async def acquire(self, order: tuple) -> None:
+        await super().acquire(order)
+        self.grants.append(order)
+        self.engine_peak = max(self.engine_peak, self.engine_host.num_unfinished())
+
+
+def test_engine_limits_as_built(engine_host):
+    # The CPU build keeps regen's CPU settings; the gate sits above max_num_seqs.
+    assert engine_host.max_num_seqs == 256
+    assert engine_host.admission.level == admission_level(256)
+    assert engine_host.num_unfinished() == 0
+    assert engine_host.num_unfinished() == engine_host._llm.output_processor.get_num_unfinished_requests()
+
+
+def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_host, renderer):
+    from worker.generation import generate_batch
+
+    run = _run(engine_host, renderer)
+    gate = RecordingGate(3, engine_host)
+    saved, engine_host.admission = engine_host.admission, None
+
+    async def two_batches():
+        engine_host.admission = gate  # swapped on the engine loop, where it is read
+        first = asyncio.ensure_future(generate_batch(engine_host, renderer, _samples(6, "first"), run))
+        second = asyncio.ensure_future(generate_batch(engine_host, renderer, _samples(6, "second"), run))
+        return await asyncio.gather(first, second)
+
+    try:
+        first, second = engine_host.submit(two_batches()).result(timeout=900)
+    finally:
+        engine_host.admission = saved
+    assert [r["status"] for r in first + second] == ["done"] * 12
+    assert gate.engine_peak <= 3, f"the engine held {gate.engine_peak} requests with a gate of 3"
+    assert gate.admitted == 0 and gate.waiting == 0
+    tickets = [order[0] for order in gate.grants]
+    # Every conversation of the batch taken first was admitted before any of the second's.
+    assert tickets == sorted(tickets) and len(set(tickets)) == 2

@@ -1,0 +1,118 @@
+"""Admission: the engine takes new conversations whenever it has room, not when a batch ends.
+
+A worker process holds more batches than its engine runs at once: each Celery
+thread claims a batch (leased, heartbeated, fenced like any other) and hands its
+conversations to this gate, which lets at most ``level`` of them into the engine
+at a time, oldest batch first. ``level`` sits above the engine's ``max_num_seqs``
+(``ADMISSION_HEADROOM``), so vLLM always has waiting requests to start the moment
+a running one finishes, while the rest of the held work waits here, not inside the
+engine, where an abort or a shutdown would have to unwind it.
+
+Why not just hand every batch to the engine at once: a long-tailed batch holds
+its thread until its longest conversation ends; without a gate, batches start
+together and finish together, so the engine drains once per round (0.84-0.93 of
+bare vLLM with the old defaults, issue 15). With the gate, a finishing
+conversation's slot goes to the next held conversation at once, whichever batch it
+belongs to, and the batches that are only waiting keep the engine's queue fed.
+
+Oldest first (batch claim order, then position in the batch) finishes batches in
+the order they were taken, so the worker commits steadily and its held work stays
+bounded. A conversation keeps its slot across its turns: its next turn goes in
+straight after a tool result is spliced, ahead of conversations not yet started.
+
+Runs on the engine's event loop only (single-threaded asyncio: no locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+
+#: Conversations admitted above ``max_num_seqs``: the engine's own waiting queue,
+#: refilled continuously. Half of max_num_seqs keeps vLLM's scheduler from ever
+#: finding its waiting queue empty while a batch commits (measured: docs/performance.md).
+ADMISSION_HEADROOM = 0.5
+
+#: The share of a long-tailed batch still running when the batches after it are
+#: admitted (the rest have finished): each held batch adds ~this many conversations.
+#: Measured ~0.6 x batch size on the CPU benchmark's lognormal lengths; 0.5 is the safer side.
+TAIL_SHARE = 0.5
+
+#: The batch size a worker assumes before it has seen one (the producer's default).
+ASSUMED_BATCH_SIZE = 64
+
+
+def admission_level(max_num_seqs: int) -> int:
+    """Conversations in the engine at once: running plus a waiting queue for the next step."""
+    return max(1, int(max_num_seqs * (1 + ADMISSION_HEADROOM)))
+
+
+def batches_to_hold(max_num_seqs: int, batch_size: int = ASSUMED_BATCH_SIZE) -> int:
+    """Batches a worker process holds (its Celery threads) so the gate is never short of work.
+
+    Enough that the tails of the batches in the engine plus whole batches waiting
+    behind them always cover ``admission_level``, with two more so a batch that is
+    uploading and committing leaves no gap: ceil(level / (TAIL_SHARE x batch)) + 2.
+    256 sequences → 14 batches of 64; an H200's 1,024 → 50.
+    """
+    per_batch = max(1.0, TAIL_SHARE * max(1, batch_size))
+    return math.ceil(admission_level(max_num_seqs) / per_batch) + 2
+
+
+class AdmissionGate:
+    """At most ``level`` conversations in the engine; the rest wait, lowest ``order`` first."""
+
+    def __init__(self, level: int):
+        if level < 1:
+            raise ValueError(f"admission level must be at least 1, got {level}")
+        self.level = level
+        self.admitted = 0
+        self._waiting: list[tuple[tuple, int, asyncio.Future]] = []
+        self._tie = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return sum(not f.done() for _, _, f in self._waiting)
+
+    async def acquire(self, order: tuple) -> None:
+        """Wait for a slot. Cancelling the waiter gives up its place (or its slot, if just granted)."""
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (order, next(self._tie), future))
+        self._grant()
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # granted and cancelled in the same step: the slot was ours
+            else:
+                future.cancel()
+                self._grant()  # drop the cancelled waiter from the top of the heap
+            raise
+
+    def release(self) -> None:
+        self.admitted -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and (self._waiting[0][2].done() or self.admitted < self.level):
+            _, _, future = heapq.heappop(self._waiting)
+            if not future.done():  # cancelled waiters are skipped
+                self.admitted += 1
+                future.set_result(None)
+
+    def slot(self, order: tuple) -> _Slot:
+        """``async with gate.slot(order):`` holds one slot for the block."""
+        return _Slot(self, order)
+
+
+class _Slot:
+    def __init__(self, gate: AdmissionGate, order: tuple):
+        self._gate, self._order = gate, order
+
+    async def __aenter__(self) -> None:
+        await self._gate.acquire(self._order)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._gate.release()
