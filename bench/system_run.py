@@ -84,11 +84,15 @@ def per_sample_budgets() -> Iterator[None]:
 
 
 class WorkerProcess:
-    """``regen worker --gpus none`` in its own session, logging to a file."""
+    """``regen worker`` in its own session, logging to a file (``--gpus none``: one CPU engine)."""
 
-    def __init__(self, scratch: Scratch, *, model: str, concurrency: int, engine_args: dict, name: str, queue: str):
-        argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", str(concurrency),
-                "--queue", queue, "--model", model, "--node-name", name, "--reconcile-s", "0"]
+    def __init__(self, scratch: Scratch, *, model: str, concurrency: int, engine_args: dict, name: str, queue: str,
+                 gpus: str = "none", tp: int = 1, processes: int = 1, reconcile_s: float = 0):
+        #: Worker processes the launcher starts (one per GPU group): each logs its own " ready.".
+        self.processes = processes
+        argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", gpus, "--tp", str(tp),
+                "--concurrency", str(concurrency),
+                "--queue", queue, "--model", model, "--node-name", name, "--reconcile-s", str(reconcile_s)]
         for key, value in engine_args.items():
             argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
         env = {**scratch.env(), "PYTHONUNBUFFERED": "1",
@@ -107,7 +111,7 @@ class WorkerProcess:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while " ready." not in self.log_tail(1 << 20):
+        while self.log_tail(1 << 22).count(" ready.") < self.processes:
             self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker was not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
@@ -261,11 +265,13 @@ class SystemUnderTest:
     """
 
     def __init__(self, scratch: Scratch, *, model: str, jsonl: Path, config: RunConfig, concurrency: int,
-                 batch_size: int, engine_args: dict, label: str):
+                 batch_size: int, engine_args: dict, label: str, gpus: str = "none", tp: int = 1,
+                 processes: int = 1, reconcile_s: float = 0):
         self.scratch, self.jsonl, self.config, self.batch_size = scratch, jsonl, config, batch_size
         self.queue = f"{scratch.queue}-{label}"
         self.worker = WorkerProcess(scratch, model=model, concurrency=concurrency, engine_args=engine_args,
-                                    name=f"bench-{label}", queue=self.queue)
+                                    name=f"bench-{label}", queue=self.queue, gpus=gpus, tp=tp,
+                                    processes=processes, reconcile_s=reconcile_s)
         self.label = label
 
     def wait_ready(self) -> None:

@@ -1,0 +1,282 @@
+"""regen on GPUs against bare vLLM, on the same requests and engine settings, in one invocation.
+
+    . bench/gpu/unpack.sh                                   # on the GPU machine: vLLM, deps, services
+    python -m bench.gpu.throughput --model .gpu-carry/q8b   # one GPU: (a), (b), (c)
+    python -m bench.gpu.throughput --model .gpu-carry/q8b --two-gpus   # two GPUs: (b2) with a kill, (t) --tp 2
+
+The phases run one after another, each engine owning the GPU(s) alone (three 8B
+engines do not share an H200 without shrinking each one's KV cache):
+
+(a) bare ``LLM.generate`` over every request at once, with the engine settings a
+    worker gets on this GPU (vLLM's own offline defaults: on an H200 1,024 sequences
+    and 16,384 batched tokens, the best found there, docs/performance.md);
+(b) the whole system: ``regen submit`` -> Redis -> ``regen worker --gpus all`` with its
+    default admission -> S3 (moto) -> Postgres ledger; tokens and the claim-to-commit
+    window from the ledger;
+(c) the one-batch-at-a-time worker (``--concurrency 1``).
+
+With ``--two-gpus``: (b2) ``regen worker --gpus all`` on two GPUs (two processes,
+``gpu0@``/``gpu1@``), GPU utilisation sampled, and one worker process SIGKILLed a
+third of the way: its batches must come back (lease expiry, reconciler) and every
+sample finish exactly once; then (t) one engine over both GPUs (``--tp 2``).
+
+The model: Qwen3-8B shapes with dummy weights (``load_format=dummy``) over regen's
+tiny tokenizer and chat template (bench/gpu/model.py), prompts rendered through the
+template as in a real run, output budgets lognormal with a long tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.gpu.services import local_postgres, local_redis
+from bench.prompts import throughput_rows, write_jsonl
+from bench.scratch import scratch_services
+from bench.system_run import SystemUnderTest, WorkerRun
+from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
+
+
+class GpuSampler:
+    """``nvidia-smi`` utilisation per GPU, once a second, while the block runs."""
+
+    def __init__(self):
+        self.samples: dict[str, list[int]] = {}
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> GpuSampler:
+        with contextlib.suppress(OSError):
+            self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                                           "--format=csv,noheader,nounits", "-lms", "1000"],
+                                          stdout=subprocess.PIPE, text=True)
+            self._thread = threading.Thread(target=self._read, daemon=True)
+            self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 2 and parts[1].isdigit():
+                self.samples.setdefault(parts[0], []).append(int(parts[1]))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+
+    def summary(self) -> str:
+        if not self.samples:
+            return "no nvidia-smi samples"
+        return "; ".join(f"GPU {gpu}: mean {statistics.mean(v):.0f}% busy, {sum(x >= 50 for x in v)}/{len(v)} "
+                         f"samples at 50% or more" for gpu, v in sorted(self.samples.items()))
+
+
+def _worker_children(system: SystemUnderTest) -> list[psutil.Process]:
+    """The ``python -m worker.process`` children of the launcher (one per GPU group)."""
+    try:
+        root = psutil.Process(system.worker.proc.pid)
+        return [p for p in root.children(recursive=True) if "worker.process" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _done_batches(system: SystemUnderTest, run_name: str) -> int:
+    from sqlalchemy import text
+
+    from ledger.db import make_engine
+
+    engine = make_engine(system.scratch.settings)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM batches b JOIN runs r ON r.id = b.run_id "
+                                         "WHERE r.name = :r AND b.status = 'done'"), {"r": run_name}).scalar())
+    finally:
+        engine.dispose()
+
+
+def _killer(system: SystemUnderTest, run_name: str, after_batches: int, log: dict) -> threading.Thread:
+    """SIGKILL the second worker process once ``after_batches`` batches are done."""
+
+    def kill() -> None:
+        while _done_batches(system, run_name) < after_batches:
+            time.sleep(1)
+        children = sorted(_worker_children(system), key=lambda p: " ".join(p.cmdline()))
+        victim = next((p for p in children if "gpu1@" in " ".join(p.cmdline())), children[-1] if children else None)
+        if victim is None:
+            log["error"] = "no worker process to kill"
+            return
+        log.update(pid=victim.pid, name=next((a for a in victim.cmdline() if "@" in a), "?"), at=time.time())
+        victim.send_signal(signal.SIGKILL)
+        print(f"   SIGKILL {log['name']} (pid {victim.pid}) after {after_batches} batches were done", flush=True)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def exactly_once(system: SystemUnderTest, run_name: str, expected: int) -> dict:
+    """Every sample once in the ledger and once across the run's output shards."""
+    from sqlalchemy import text
+
+    from ledger.db import make_engine
+    from ledger.objects import ObjectStore
+    from ledger.shards import decode_shard
+
+    engine = make_engine(system.scratch.settings)
+    try:
+        with engine.connect() as conn:
+            done, distinct = conn.execute(text(
+                "SELECT count(*) FILTER (WHERE s.status = 'done'), count(DISTINCT s.sample_id) FROM samples s "
+                "JOIN runs r ON r.id = s.run_id WHERE r.name = :r"), {"r": run_name}).one()
+            keys = [k for (k,) in conn.execute(text(
+                "SELECT b.output_key FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :r "
+                "AND b.status = 'done'"), {"r": run_name})]
+            retried = conn.execute(text(
+                "SELECT count(*), min(b.started_at) FROM batches b JOIN runs r ON r.id = b.run_id "
+                "WHERE r.name = :r AND b.attempts > 1"), {"r": run_name}).one()
+    finally:
+        engine.dispose()
+    with _s3_env(system):
+        store = ObjectStore.from_settings(system.scratch.settings)
+        ids = [row["sample_id"] for key in keys for row in decode_shard(store.get(key))]
+    return {"expected": expected, "ledger_done": int(done), "ledger_distinct": int(distinct),
+            "shard_rows": len(ids), "shard_distinct": len(set(ids)), "batches_retried": int(retried[0]),
+            "first_retry_started": retried[1].timestamp() if retried[1] else None}
+
+
+@contextlib.contextmanager
+def _s3_env(system: SystemUnderTest):
+    saved = dict(os.environ)
+    os.environ.update(system.scratch.s3_env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float | None, extra: str = "") -> str:
+    tok_s = tokens / seconds if seconds else 0.0
+    ratio = f"{tok_s / bare_tok_s:.3f}" if bare_tok_s else ("1" if label == "a" else "-")
+    return f"| {label} | {what} | {tokens:,} | {seconds:.1f} | {tok_s:,.0f} | {ratio} | {extra} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.throughput", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model directory (bench/gpu/model.py builds the 8B-shaped one)")
+    p.add_argument("--prompts", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--mean-tokens", type=float, default=400.0, help="mean of the lognormal output budget")
+    p.add_argument("--max-tokens", type=int, default=4096, help="cap of the output budget (the run's max_tokens)")
+    p.add_argument("--engine-arg", action="append", default=[], help="for every engine, (a) and the workers alike")
+    p.add_argument("--skip", default="", help="phases to skip, e.g. c")
+    p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
+    p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
+    args = p.parse_args(argv)
+    from worker.options import parse_engine_args
+
+    started = time.perf_counter()
+    on_cpu = args.gpus == "none"
+    extra = {"max_model_len": 8192, **({} if on_cpu else {"load_format": "dummy"}), **parse_engine_args(args.engine_arg)}
+    settings = engine_args(extra, on_cpu=on_cpu)
+    rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
+    budgets = [r["max_tokens"] for r in rows]
+    config = run_config(args.model, args.max_tokens)
+    print(f"workload: {len(rows):,} single-turn prompts rendered with the chat template (thinking on); output "
+          f"budgets lognormal: mean {statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, "
+          f"max {max(budgets)}; batches of {args.batch_size}")
+    print(f"engine settings of every phase (regen's GPU defaults + the benchmark's): {json.dumps(settings)}",
+          flush=True)
+    table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
+    bare_tok_s = None
+    with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, local_postgres(Path(work)) as admin_dsn, \
+            local_redis() as redis_url, scratch_services(admin_dsn=admin_dsn, redis_url=redis_url) as scratch:
+        jsonl = Path(scratch.workdir) / "prompts.jsonl"
+        write_jsonl(jsonl, rows)
+        if not args.two_gpus:
+            print("(a) bare LLM.generate: loading", flush=True)
+            t0 = time.perf_counter()
+            bare = BareEngine(args.model, settings)
+            prompts, params = bare.requests(rows, config.as_record())
+            bare.run("warm-up", prompts[:64], params[:64])
+            print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs "
+                  f"{bare.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs}, batched tokens "
+                  f"{bare.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens}", flush=True)
+            cpu0 = sum(psutil.Process().cpu_times()[:2])
+            m = bare.run("a", prompts, params)
+            cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
+            bare_tok_s = m.tok_s
+            table.append(line("a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, None,
+                              f"frontend {cpu / m.tokens * 1000:.4f} CPU-s per 1K tokens"))
+            print(table[-1], flush=True)
+            bare.shutdown()
+            del bare
+            time.sleep(5)
+        if args.two_gpus:
+            phases = [("b2", 0, args.gpus, 1, 2 if not on_cpu else 1)] + ([] if "t" in args.skip else [("t", 0, args.gpus, 2, 1)])
+        else:
+            phases = [("b", 0, args.gpus, 1, 1)] + ([] if "c" in args.skip else [("c", 1, args.gpus, 1, 1)])
+        for label, k, gpus, tp, processes in phases:
+            what = {"b": "whole system, regen worker --gpus all, default admission",
+                    "c": "one batch at a time, --concurrency 1",
+                    "b2": "whole system on 2 GPUs (gpu0@, gpu1@), one SIGKILLed mid-run",
+                    "t": "whole system, one engine over 2 GPUs, --tp 2"}[label]
+            print(f"({label}) {what}: starting the worker", flush=True)
+            t0 = time.perf_counter()
+            system = SystemUnderTest(scratch, model=args.model, jsonl=jsonl, config=config, concurrency=k,
+                                     batch_size=args.batch_size, engine_args=extra, label=label, gpus=gpus, tp=tp,
+                                     processes=processes, reconcile_s=10 if label == "b2" else 0)
+            try:
+                system.wait_ready()
+                print(f"    ready (engine loaded, warm-up run done) in {time.perf_counter() - t0:.0f} s", flush=True)
+                pids = system.worker.pids()
+                before = _split_cpu_s(pids)
+                kill_log: dict = {}
+                batches = -(-len(rows) // args.batch_size)
+                if label == "b2":
+                    _killer(system, label, max(1, batches // 3), kill_log)
+                with GpuSampler() as gpu:
+                    result: WorkerRun = system.run(label)
+                after = _split_cpu_s(pids | system.worker.pids())
+                frontend_cpu = after[1] - before[1]
+                notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
+                         f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}")
+                if label == "b2":
+                    check = exactly_once(system, label, len(rows))
+                    back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \
+                        kill_log.get("at") else None
+                    notes += (f"; killed {kill_log.get('name')}: {check['batches_retried']} batches taken again"
+                              + (f", the first {back:.0f} s after the kill" if back is not None else "")
+                              + f"; samples done {check['ledger_done']}/{check['expected']} (distinct "
+                              f"{check['ledger_distinct']}), shard rows {check['shard_rows']} (distinct "
+                              f"{check['shard_distinct']})")
+                    lost = check["expected"] - check["shard_distinct"]
+                    doubled = check["shard_rows"] - check["shard_distinct"]
+                    notes += f"; LOST {lost}, DOUBLED {doubled}"
+                table.append(line(label, what, result.tokens, result.seconds, bare_tok_s, notes))
+                print(table[-1], flush=True)
+            finally:
+                system.stop()
+                time.sleep(5)
+    print("\n".join(table))
+    print(f"\nwall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
