@@ -8,12 +8,18 @@ at a time, oldest batch first. ``level`` sits above the engine's ``max_num_seqs`
 a running one finishes, while the rest of the held work waits here, not inside the
 engine, where an abort or a shutdown would have to unwind it.
 
-Why not just hand every batch to the engine at once: a long-tailed batch holds
-its thread until its longest conversation ends; without a gate, batches start
-together and finish together, so the engine drains once per round (0.84-0.93 of
-bare vLLM with the old defaults, issue 15). With the gate, a finishing
-conversation's slot goes to the next held conversation at once, whichever batch it
-belongs to, and the batches that are only waiting keep the engine's queue fed.
+Why held batches: a batch is acknowledged only when its longest conversation has
+ended, so with a long tail many batches are open at once, each waiting for one or
+two stragglers. With 8 batches in flight (the old default) they started together
+and finished together, and the engine drained once per round (0.84-0.93 of bare
+vLLM, issue 15). Holding enough batches to cover the tails (``batches_to_hold``)
+keeps work available; the gate decides what of it the engine sees.
+
+Why a gate rather than everything into vLLM's queue: vLLM serves its waiting queue
+first come, first served, so a multi-turn conversation's next turn would queue
+behind thousands of fresh conversations and keep its batch (and thread) open for
+the whole backlog; shutdown and fencing would abort thousands of requests instead
+of a level's worth.
 
 Oldest first (batch claim order, then position in the batch) finishes batches in
 the order they were taken, so the worker commits steadily and its held work stays
@@ -35,10 +41,12 @@ import math
 #: finding its waiting queue empty while a batch commits (measured: docs/performance.md).
 ADMISSION_HEADROOM = 0.5
 
-#: The share of a long-tailed batch still running when the batches after it are
-#: admitted (the rest have finished): each held batch adds ~this many conversations.
-#: Measured ~0.6 x batch size on the CPU benchmark's lognormal lengths; 0.5 is the safer side.
-TAIL_SHARE = 0.5
+#: How many batches' worth of max_num_seqs a long tail keeps open. A batch is held
+#: until its longest conversation ends: for lognormal lengths (sigma 1, thinking traces
+#: look like this) the longest of 64 is ~5.3x the mean, so while it runs the engine
+#: finishes ~5.3 x max_num_seqs other conversations from the batches behind it, and
+#: all of those batches must already be held. 6 covers that with a margin.
+TAIL_FACTOR = 6.0
 
 #: The batch size a worker assumes before it has seen one (the producer's default).
 ASSUMED_BATCH_SIZE = 64
@@ -52,13 +60,14 @@ def admission_level(max_num_seqs: int) -> int:
 def batches_to_hold(max_num_seqs: int, batch_size: int = ASSUMED_BATCH_SIZE) -> int:
     """Batches a worker process holds (its Celery threads) so the gate is never short of work.
 
-    Enough that the tails of the batches in the engine plus whole batches waiting
-    behind them always cover ``admission_level``, with two more so a batch that is
-    uploading and committing leaves no gap: ceil(level / (TAIL_SHARE x batch)) + 2.
-    256 sequences → 14 batches of 64; an H200's 1,024 → 50.
+    The batches kept open by their tails (``TAIL_FACTOR`` x max_num_seqs conversations)
+    plus the admission level, in batches, and two more so a batch that is uploading
+    and committing leaves no gap. 256 sequences → 32 batches of 64; an H200's 1,024 →
+    122. Threads are cheap and share a few ledger connections; the cost is at a run's
+    end, where the last worker may still hold that much work (docs/performance.md).
     """
-    per_batch = max(1.0, TAIL_SHARE * max(1, batch_size))
-    return math.ceil(admission_level(max_num_seqs) / per_batch) + 2
+    conversations = TAIL_FACTOR * max_num_seqs + admission_level(max_num_seqs)
+    return math.ceil(conversations / max(1, batch_size)) + 2
 
 
 class AdmissionGate:

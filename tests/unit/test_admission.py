@@ -13,10 +13,10 @@ from worker.engine import _unfinished_counter, engine_defaults, expected_max_num
 def test_level_and_held_batches_follow_max_num_seqs():
     assert admission_level(256) == 384
     assert admission_level(1024) == 1536
-    # ceil(level / (0.5 x 64)) + 2: enough batch tails and whole batches to cover the level.
-    assert batches_to_hold(256) == 14
-    assert batches_to_hold(1024) == 50
-    assert batches_to_hold(256, batch_size=256) == 5
+    # ceil((6 x max_num_seqs + level) / batch) + 2: the tails' open batches and the level.
+    assert batches_to_hold(256) == 32
+    assert batches_to_hold(1024) == 122
+    assert batches_to_hold(256, batch_size=256) == 10
     # More sequences never means fewer batches held.
     assert all(batches_to_hold(n) <= batches_to_hold(n + 64) for n in range(64, 2048, 64))
 
