@@ -91,8 +91,12 @@ def _start_moto(log_path: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"moto server did not start; see {log_path}")
 
 
-def _base(dsn: str) -> str:
-    return dsn.rsplit("/", 1)[0]
+def with_database(dsn: str, name: str) -> str:
+    """``dsn`` naming database ``name``; keeps a query such as ``?host=/socket/dir`` (embedded Postgres)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 @contextlib.contextmanager
@@ -116,7 +120,7 @@ def scratch_services(*, admin_dsn: str = DEFAULT_ADMIN_DSN, redis_url: str = DEF
     name = f"{prefix}_{tag}"
     try:
         admin.execute(f'CREATE DATABASE "{name}"')
-        settings = Settings(database_url=f"{_base(admin_dsn)}/{name}", redis_url=redis_url)
+        settings = Settings(database_url=with_database(admin_dsn, name), redis_url=redis_url)
         migrate.upgrade(settings)
         bucket = f"regen-bench-{tag}"
         import boto3

@@ -14,19 +14,12 @@ from pathlib import Path
 
 from ledger.errors import ConfigError
 from ledger.hashing import config_hash
+from ledger.model_path import resolve_model
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 SAMPLING_KEYS = tuple(ENGINE_DEFAULTS)
 THINKING_MODES = ("on", "off", "mix")
-
-
-def resolve_model(model: str) -> str:
-    """A local model directory becomes an absolute path (workers run elsewhere); a hub id stays as it is."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return str(path.resolve())
-    return model
 
 
 def generation_defaults(model: str) -> dict:

@@ -13,6 +13,7 @@ import signal
 import threading
 
 from ledger.db import make_engine, make_sessionmaker
+from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 
@@ -50,6 +51,7 @@ class WorkerRuntime:
     # -- engine ---------------------------------------------------------------------------
     def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
         """The process's engine, loaded on first use. A process serves one model."""
+        model = resolve_model(model)
         with self._engine_lock:
             if self._engine is None:
                 engine = EngineHost(model=model, engine_args=self.options.engine_args)

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -176,6 +177,73 @@ def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float |
     return f"| {label} | {what} | {tokens:,} | {seconds:.1f} | {tok_s:,.0f} | {ratio} | {extra} |"
 
 
+def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[str, str, int, float, str]:
+    print("(a) bare LLM.generate: loading", flush=True)
+    t0 = time.perf_counter()
+    bare = BareEngine(model, settings)
+    prompts, params = bare.requests(rows, config.as_record())
+    bare.run("warm-up", prompts[:64], params[:64])
+    sched = bare.llm.llm_engine.vllm_config.scheduler_config
+    print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs {sched.max_num_seqs}, "
+          f"batched tokens {sched.max_num_batched_tokens}", flush=True)
+    cpu0 = sum(psutil.Process().cpu_times()[:2])
+    m = bare.run("a", prompts, params)
+    cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
+    bare.shutdown()
+    notes = f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens"
+    print(f"    (a) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
+    return "a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, notes
+
+
+def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: dict, label: str, k: int, tp: int,
+                 processes: int) -> tuple[str, str, int, float, str]:
+    what = {"b": "whole system, regen worker, default admission",
+            "c": "one batch at a time, --concurrency 1",
+            "b2": "whole system on 2 GPUs (gpu0@, gpu1@), one SIGKILLed mid-run",
+            "t": "whole system, one engine over 2 GPUs, --tp 2"}[label]
+    print(f"({label}) {what}: starting the worker", flush=True)
+    t0 = time.perf_counter()
+    system = SystemUnderTest(scratch, model=args.model, jsonl=jsonl, config=config, concurrency=k,
+                             batch_size=args.batch_size, engine_args=extra, label=label, gpus=args.gpus, tp=tp,
+                             processes=processes, reconcile_s=10 if label == "b2" else 0)
+    try:
+        system.wait_ready()
+        print(f"    ready (engine loaded, warm-up run done) in {time.perf_counter() - t0:.0f} s", flush=True)
+        pids = system.worker.pids()
+        before = _split_cpu_s(pids)
+        kill_log: dict = {}
+        batches = -(-len(rows) // args.batch_size)
+        if label == "b2":
+            _killer(system, label, max(1, batches // 3), kill_log)
+        with GpuSampler() as gpu:
+            result: WorkerRun = system.run(label)
+        after = _split_cpu_s(pids | system.worker.pids())
+        frontend_cpu = after[1] - before[1]
+        notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
+                 f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}")
+        if label == "b2":
+            check = exactly_once(system, label, len(rows))
+            back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \
+                kill_log.get("at") else None
+            notes += (f"; killed {kill_log.get('name')}: {check['batches_retried']} batches taken again"
+                      + (f", the first {back:.0f} s after the kill" if back is not None else "")
+                      + f"; samples done {check['ledger_done']}/{check['expected']} (distinct "
+                      f"{check['ledger_distinct']}), shard rows {check['shard_rows']} (distinct "
+                      f"{check['shard_distinct']}); LOST {check['expected'] - check['shard_distinct']}, "
+                      f"DOUBLED {check['shard_rows'] - check['shard_distinct']}")
+        print(f"    ({label}) {result.tokens:,} tokens in {result.seconds:.1f} s = "
+              f"{result.tokens / result.seconds:,.0f} tok/s; {notes}", flush=True)
+        return label, what, result.tokens, result.seconds, notes
+    except Exception:
+        print(f"    worker log (last 6000 characters):\n{system.worker.log_tail(6000)}", flush=True)
+        raise
+    finally:
+        system.stop()
+        if args.keep_logs and system.worker.log_path.exists():
+            shutil.copy(system.worker.log_path, Path(args.keep_logs) / f"worker-{label}.log")
+        time.sleep(5)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="model directory (bench/gpu/model.py builds the 8B-shaped one)")
@@ -184,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-tokens", type=float, default=400.0, help="mean of the lognormal output budget")
     p.add_argument("--max-tokens", type=int, default=4096, help="cap of the output budget (the run's max_tokens)")
     p.add_argument("--engine-arg", action="append", default=[], help="for every engine, (a) and the workers alike")
-    p.add_argument("--skip", default="", help="phases to skip, e.g. c")
+    p.add_argument("--skip", default="", help="phases to skip, comma-separated, e.g. c or a,c")
+    p.add_argument("--keep-logs", default=os.environ.get("OUT"), help="copy each worker's log here (default: $OUT)")
     p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
     args = p.parse_args(argv)
@@ -202,77 +271,29 @@ def main(argv: list[str] | None = None) -> int:
           f"max {max(budgets)}; batches of {args.batch_size}")
     print(f"engine settings of every phase (regen's GPU defaults + the benchmark's): {json.dumps(settings)}",
           flush=True)
-    table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
-    bare_tok_s = None
+    results: list[tuple[str, str, int, float, str]] = []  # label, what, tokens, seconds, notes
     with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, local_postgres(Path(work)) as admin_dsn, \
             local_redis() as redis_url, scratch_services(admin_dsn=admin_dsn, redis_url=redis_url) as scratch:
         jsonl = Path(scratch.workdir) / "prompts.jsonl"
         write_jsonl(jsonl, rows)
-        if not args.two_gpus:
-            print("(a) bare LLM.generate: loading", flush=True)
-            t0 = time.perf_counter()
-            bare = BareEngine(args.model, settings)
-            prompts, params = bare.requests(rows, config.as_record())
-            bare.run("warm-up", prompts[:64], params[:64])
-            print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs "
-                  f"{bare.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs}, batched tokens "
-                  f"{bare.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens}", flush=True)
-            cpu0 = sum(psutil.Process().cpu_times()[:2])
-            m = bare.run("a", prompts, params)
-            cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
-            bare_tok_s = m.tok_s
-            table.append(line("a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, None,
-                              f"frontend {cpu / m.tokens * 1000:.4f} CPU-s per 1K tokens"))
-            print(table[-1], flush=True)
-            bare.shutdown()
-            del bare
-            time.sleep(5)
+        skip = set(args.skip.split(","))
         if args.two_gpus:
-            phases = [("b2", 0, args.gpus, 1, 2 if not on_cpu else 1)] + ([] if "t" in args.skip else [("t", 0, args.gpus, 2, 1)])
+            phases = [("b2", 0, 1, 2 if not on_cpu else 1)] + ([] if "t" in skip else [("t", 0, 2, 1)])
         else:
-            phases = [("b", 0, args.gpus, 1, 1)] + ([] if "c" in args.skip else [("c", 1, args.gpus, 1, 1)])
-        for label, k, gpus, tp, processes in phases:
-            what = {"b": "whole system, regen worker --gpus all, default admission",
-                    "c": "one batch at a time, --concurrency 1",
-                    "b2": "whole system on 2 GPUs (gpu0@, gpu1@), one SIGKILLed mid-run",
-                    "t": "whole system, one engine over 2 GPUs, --tp 2"}[label]
-            print(f"({label}) {what}: starting the worker", flush=True)
-            t0 = time.perf_counter()
-            system = SystemUnderTest(scratch, model=args.model, jsonl=jsonl, config=config, concurrency=k,
-                                     batch_size=args.batch_size, engine_args=extra, label=label, gpus=gpus, tp=tp,
-                                     processes=processes, reconcile_s=10 if label == "b2" else 0)
+            phases = [("b", 0, 1, 1)] + ([] if "c" in skip else [("c", 1, 1, 1)])
+        # The system first, bare last: a failed system phase still leaves the bare figure, and the
+        # GPU is dedicated, so the order does not drift as the shared CPU machine does.
+        for label, k, tp, processes in phases:
             try:
-                system.wait_ready()
-                print(f"    ready (engine loaded, warm-up run done) in {time.perf_counter() - t0:.0f} s", flush=True)
-                pids = system.worker.pids()
-                before = _split_cpu_s(pids)
-                kill_log: dict = {}
-                batches = -(-len(rows) // args.batch_size)
-                if label == "b2":
-                    _killer(system, label, max(1, batches // 3), kill_log)
-                with GpuSampler() as gpu:
-                    result: WorkerRun = system.run(label)
-                after = _split_cpu_s(pids | system.worker.pids())
-                frontend_cpu = after[1] - before[1]
-                notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
-                         f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}")
-                if label == "b2":
-                    check = exactly_once(system, label, len(rows))
-                    back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \
-                        kill_log.get("at") else None
-                    notes += (f"; killed {kill_log.get('name')}: {check['batches_retried']} batches taken again"
-                              + (f", the first {back:.0f} s after the kill" if back is not None else "")
-                              + f"; samples done {check['ledger_done']}/{check['expected']} (distinct "
-                              f"{check['ledger_distinct']}), shard rows {check['shard_rows']} (distinct "
-                              f"{check['shard_distinct']})")
-                    lost = check["expected"] - check["shard_distinct"]
-                    doubled = check["shard_rows"] - check["shard_distinct"]
-                    notes += f"; LOST {lost}, DOUBLED {doubled}"
-                table.append(line(label, what, result.tokens, result.seconds, bare_tok_s, notes))
-                print(table[-1], flush=True)
-            finally:
-                system.stop()
-                time.sleep(5)
+                results.append(system_phase(args, scratch, jsonl, rows, config, extra, label, k, tp, processes))
+            except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
+                print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+        if not args.two_gpus and "a" not in skip:
+            results.append(bare_phase(args.model, settings, rows, config))
+    bare_tok_s = next((tokens / seconds for label, _, tokens, seconds, _ in results if label == "a"), None)
+    table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
+    for label, what, tokens, seconds, notes in sorted(results, key=lambda r: r[0] != "a"):
+        table.append(line(label, what, tokens, seconds, None if label == "a" else bare_tok_s, notes))
     print("\n".join(table))
     print(f"\nwall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
