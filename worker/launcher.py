@@ -32,6 +32,8 @@ HEALTHY_AFTER_S = 600.0
 MAX_QUICK_CRASHES = 8
 #: Time given to children to hand back their batches and stop the engine after SIGTERM.
 STOP_GRACE_S = 60.0
+#: Tells a worker process which pid is its launcher, so it can stop when the launcher is gone.
+LAUNCHER_PID_ENV = "REGEN_LAUNCHER_PID"
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,18 @@ class _Child:
     log_lines: list[str] = field(default_factory=list)
 
 
+def _term_when_parent_dies() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (Linux PR_SET_PDEATHSIG).
+
+    The worker process (worker/process.py) also watches the launcher's pid, for
+    platforms without prctl and for the case where the launcher died before this ran.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def _kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -136,7 +150,11 @@ class Launcher:
 
     def _start(self, child: _Child) -> None:
         # A new session: the child and every engine process it spawns share one group we can kill.
-        child.proc = subprocess.Popen(list(child.plan.argv), env=child.plan.env, start_new_session=True)
+        # And tied to this launcher: if it dies (kill -9, OOM), the child gets SIGTERM, hands its
+        # batches back and stops its engine, instead of claiming work and holding a GPU unsupervised.
+        env = {**child.plan.env, LAUNCHER_PID_ENV: str(os.getpid())}
+        child.proc = subprocess.Popen(list(child.plan.argv), env=env, start_new_session=True,
+                                      preexec_fn=_term_when_parent_dies)
         child.started_at = time.monotonic()
         log.info("started %s (pid %d, devices %s)", child.plan.name, child.proc.pid,
                  ",".join(child.plan.devices) or "cpu")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
+import threading
 
 from celery import signals
 
@@ -22,6 +24,7 @@ from ledger.dispatch import make_celery
 from ledger.settings import Settings
 
 from .engine import expected_max_num_seqs
+from .launcher import LAUNCHER_PID_ENV
 from .options import WorkerOptions, parse_engine_args
 from .runtime import WorkerRuntime
 from .tasks import register_tasks
@@ -47,6 +50,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve vLLM's engine metrics and the batches in flight on this port (0: off)")
     p.add_argument("--loglevel", default="INFO")
     return p
+
+
+def _exit_with_launcher(runtime: WorkerRuntime) -> None:
+    """Stop (handing batches back) when the launcher that started us is gone.
+
+    The launcher also sets PR_SET_PDEATHSIG; this watch covers a launcher that died
+    before that took effect. Run by hand (no launcher), the process watches nothing.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher:
+        return
+
+    def watch() -> None:
+        while not runtime.shutting_down.wait(1.0):
+            if os.getppid() != int(launcher):
+                runtime.request_exit(f"the launcher (pid {launcher}) is gone")
+                return
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         runtime.close()
 
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _exit_with_launcher(runtime)
     runtime.start_heartbeats()
     if options.reconcile_s > 0:
         runtime.start_reconciler(app)
