@@ -24,7 +24,7 @@ import redis as redis_lib
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from bench.scratch import Scratch
+from bench.scratch import Scratch, _die_with_parent
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
@@ -99,8 +99,9 @@ class WorkerProcess:
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         self.log_path = Path(scratch.workdir) / f"worker-{name}.log"
         with open(self.log_path, "wb") as log:
+            # Its own session, but SIGTERMed if the benchmark dies: no worker outlives it.
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
