@@ -31,7 +31,7 @@ from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
 from producer.run_config import RunConfig
-from producer.status import run_status
+from producer.monitoring.status import run_status
 from producer.submit import submit_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
     python -m bench.validate_estimate [--rows 1000] [--pilot-share 0.1] [--variant trained] [--json-out F]
 
 1. Builds a held-out dataset (synthetic, long-tailed, never seen by the tiny model's
-   training: another seed of worker/tiny_data.py's generator) in three files: single
+   training: another seed of worker/tiny/data.py's generator) in three files: single
    questions with length cues ("Briefly," … "In detail,"), tool calls, and 2-4 turn chats.
 2. ``regen estimate`` on it with a pilot of ``pilot_share`` of the rows, saved to the
    run's S3 prefix.
@@ -42,7 +42,7 @@ HELDOUT_SEED = 917_000
 
 def make_heldout(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) -> dict[str, int]:
     """Write chat.jsonl (50%), tools.jsonl (30%) and multiturn.jsonl (20%); return rows per file."""
-    from worker.tiny_data import synthetic_example
+    from worker.tiny.data import synthetic_example
 
     rng = random.Random(seed)
     files: dict[str, list[dict]] = {"chat.jsonl": [], "tools.jsonl": [], "multiturn.jsonl": []}
@@ -83,7 +83,7 @@ def make_heldout_for_random(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) 
     prompt, so prompts of long-tailed (lognormal) length give per-sample max_tokens draws;
     files differ in their length distribution and in how many turns come before the last.
     """
-    from worker.tiny_model import WORDS
+    from worker.tiny.model import WORDS
 
     words = list(WORDS)
     rng = random.Random(seed)
@@ -111,7 +111,7 @@ def regen_argv(*args: str) -> list[str]:
         from producer.cli import main
 
         if "estimate" not in main.commands:
-            return [sys.executable, "-m", "producer.estimate_cli", *args[1:]]
+            return [sys.executable, "-m", "producer.estimate.command", *args[1:]]
     return [sys.executable, "-m", "producer.cli", *args]
 
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     engine_args = args.engine_arg or ["max_model_len=2048", "enable_chunked_prefill=false"]
 
-    from tests.s3_fixtures import start_moto_server
+    from tests.fixtures.s3 import start_moto_server
 
     work = Path(tempfile.mkdtemp(prefix="regen-bench-estimate-"))
     model, variant = args.model, "given"
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if marker.exists():
             variant = json.loads(marker.read_text()).get("variant", variant)
     else:
-        from worker.tiny_model import build_tiny_model
+        from worker.tiny.model import build_tiny_model
 
         variant = args.variant
         try:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"could not drop the scratch database: {e}", flush=True)
         stop_moto(moto)
 
-    from producer.estimate_render import render_estimate
+    from producer.estimate.render import render_estimate
 
     print("\n" + render_estimate(estimate))
     print("\n" + compare_text)

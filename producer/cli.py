@@ -76,7 +76,7 @@ def db_current(database_url: str | None) -> None:
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
 def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
     """Write a small offline Qwen3-architecture model (for the demo, tests and smoke tests)."""
-    from worker.tiny_model import build_tiny_model
+    from worker.tiny.model import build_tiny_model
 
     path = build_tiny_model(out_dir, variant=variant, seed=seed, force=force)
     click.echo(f"tiny model ({variant}) in {path}")
@@ -195,12 +195,12 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
     if watch:
         if as_json:
             raise click.UsageError("--watch and --json do not mix")
-        from .watch import watch_status
+        from .monitoring.watch import watch_status
 
         sys.exit(watch_status(_settings(database_url), run_name, interval_s=interval))
     from ledger.db import make_engine, make_sessionmaker
 
-    from .status import render_status, run_status
+    from .monitoring.status import render_status, run_status
 
     engine = make_engine(_settings(database_url))
     try:
@@ -278,7 +278,7 @@ def retry(run_name, failed, dead, database_url, redis_url) -> None:
 @redis_option
 def metrics(port: int, address: str, queues: tuple[str, ...], database_url: str | None, redis_url: str | None) -> None:
     """Serve Prometheus metrics computed from the ledger and the broker on each scrape."""
-    from .metrics import serve
+    from .monitoring.metrics import serve
 
     click.echo(f"regen metrics on http://{address}:{port}/metrics")
     sys.exit(serve(_settings(database_url, redis_url), port=port, addr=address, queues=queues))
@@ -352,7 +352,7 @@ def report(run_name: str, out_dir: str, max_shards: int, database_url: str | Non
     from ledger.db import make_engine, make_sessionmaker
     from ledger.objects import ObjectStore
 
-    from .report import write_report
+    from .results.report import write_report
 
     settings = _settings(database_url)
     engine = make_engine(settings)
@@ -378,7 +378,7 @@ def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer,
     from ledger.db import make_engine, make_sessionmaker
     from ledger.objects import ObjectStore
 
-    from .export import export_run
+    from .results.export import export_run
 
     settings = _settings(database_url)
     engine = make_engine(settings)
@@ -392,7 +392,7 @@ def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer,
 
 
 def _register_estimate() -> None:
-    from .estimate_cli import estimate_command
+    from .estimate.command import estimate_command
 
     main.add_command(estimate_command, "estimate")
 

@@ -43,8 +43,8 @@ from ledger.objects import ObjectStore
 from ledger.shards import encode_shard, input_shard_url, run_manifest_url
 from ledger.states import BatchStatus, RunStatus
 
-from .normalize import normalize_row
-from .readers import iter_rows
+from .dataset.normalize import normalize_row
+from .dataset.readers import iter_rows
 from .run_config import RunConfig
 
 log = logging.getLogger(__name__)

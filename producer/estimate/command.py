@@ -9,7 +9,7 @@ import click
 from ledger.errors import ConfigError, RegenError
 from ledger.settings import Settings
 
-from .estimate_math import GPU_BANDWIDTH_TBPS
+from .arithmetic import GPU_BANDWIDTH_TBPS
 
 _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
 
@@ -61,13 +61,13 @@ def estimate_command(**opts) -> None:
     try:
         _estimate(opts)
     except RegenError as e:
-        # Also when run on its own (python -m producer.estimate_cli), not only under regen's group.
+        # Also when run on its own (python -m producer.estimate.command), not only under regen's group.
         raise click.ClickException(str(e)) from e
 
 
 def _estimate(o: dict) -> None:
-    from .estimate import EstimateOptions, ThroughputChoice, estimate, hand_estimate
-    from .estimate_render import render_estimate
+    from .estimator import EstimateOptions, ThroughputChoice, estimate, hand_estimate
+    from .render import render_estimate
 
     if o["compare_run"]:
         _compare(o["compare_run"], o["as_json"], o["database_url"])
@@ -82,7 +82,7 @@ def _estimate(o: dict) -> None:
     else:
         if not o["paths"] or not o["model"]:
             raise click.UsageError("give the data files and --model (or --compare RUN)")
-        from .run_config import build_run_config
+        from ..run_config import build_run_config
 
         config = build_run_config(o["model"], max_tokens=o["max_tokens"], temperature=o["temperature"],
                                   top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], thinking=o["thinking"],
@@ -118,7 +118,7 @@ def _run_output(session, run_name: str) -> str:
 def _save(doc: dict, output_url: str | None, save_as: str | None, database_url: str | None) -> str:
     from ledger.objects import ObjectStore
 
-    from .estimate import save_estimate
+    from .estimator import save_estimate
 
     settings = _settings(database_url)
     if save_as:
@@ -141,9 +141,9 @@ def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
     from ledger.db import make_engine, make_sessionmaker
     from ledger.objects import ObjectStore
 
-    from .estimate import estimate_url, load_estimate
-    from .estimate_compare import actual_from_ledger, compare
-    from .estimate_render import render_compare
+    from .estimator import estimate_url, load_estimate
+    from .compare import actual_from_ledger, compare
+    from .render import render_compare
 
     settings = _settings(database_url)
     engine = make_engine(settings)
@@ -163,5 +163,5 @@ def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
         click.echo(render_compare(result))
 
 
-if __name__ == "__main__":  # until producer/cli.py registers it: python -m producer.estimate_cli
+if __name__ == "__main__":  # until producer/cli.py registers it: python -m producer.estimate.command
     estimate_command()

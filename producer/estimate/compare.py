@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import ConfigError
 
-from . import estimate_math as em
+from . import arithmetic as em
 
 
 def actual_from_ledger(session: Session, run_name: str) -> dict[str, Any]:

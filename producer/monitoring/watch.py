@@ -3,7 +3,7 @@
 Plain ANSI escapes (home, clear to end of line/screen, colours), no curses: it works
 in any terminal, over ssh and in tmux, and piping it to a file gives one plain
 frame per refresh. ``render_watch`` is a pure function of the status dicts of
-``producer.status.run_status`` (tested with a fixed dict); ``watch`` is the loop.
+``producer.monitoring.status.run_status`` (tested with a fixed dict); ``watch`` is the loop.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ledger.objects import ObjectStore
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 pytestmark = [pytest.mark.engine]
 
@@ -23,7 +23,7 @@ def estimate_argv(args: list[str]) -> list[str]:
 
     if "estimate" in main.commands:
         return [sys.executable, "-m", "producer.cli", "estimate", *args]
-    return [sys.executable, "-m", "producer.estimate_cli", *args]
+    return [sys.executable, "-m", "producer.estimate.command", *args]
 
 
 def run_estimate(args: list[str], env: dict[str, str], *, check: bool = True) -> subprocess.CompletedProcess:

@@ -19,8 +19,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from . import tiny_data
-from .tiny_model import model_config
+from . import data as tiny_data
+from .architecture import model_config
 
 log = logging.getLogger(__name__)
 
