@@ -30,8 +30,8 @@ from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
-from producer.run_config import RunConfig
 from producer.monitoring.status import run_status
+from producer.run_config import RunConfig
 from producer.submit import submit_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,6 +26,7 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from . import transitions
 from .dispatch import BatchMessage, publish_batch
 
 log = logging.getLogger(__name__)
@@ -47,20 +48,9 @@ class RequeueReport:
     runs: list[str] = field(default_factory=list)
 
 
-_EXPIRE = text("""
-UPDATE batches b SET failures = b.failures + 1,
-       status = CASE WHEN b.failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
-       error = 'lease expired: worker ' || coalesce(b.worker, '?') || ' stopped heartbeating',
-       worker = NULL, heartbeat_at = NULL, enqueued_at = now()
-FROM runs r
-WHERE r.id = b.run_id AND b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
-  AND (CAST(:run AS text) IS NULL OR r.name = :run)
-RETURNING b.id, b.status
-""")
-
-
 def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> tuple[int, int]:
-    rows = session.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": run}).all()
+    """Expire lost leases (see ledger/transitions.py): (expired, of them now dead)."""
+    rows = transitions.expire_leases(session, lease_s=lease_s, max_attempts=max_attempts, run=run)
     return len(rows), sum(1 for r in rows if r.status == "dead")
 
 
@@ -79,9 +69,7 @@ def _publish(sessions: sessionmaker[Session], app: Celery, rows: list) -> int:
                       queue=r.queue)
     if rows:
         with sessions.begin() as s:
-            s.execute(text("UPDATE batches SET status = 'queued', enqueued_at = now() "
-                           "WHERE id = ANY(:ids) AND status IN ('queued', 'planned')"),
-                      {"ids": [r.id for r in rows]})
+            transitions.mark_republished(s, [r.id for r in rows])
     return len(rows)
 
 
@@ -114,7 +102,7 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
     with sessions.begin() as s:
         if not s.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK}).scalar():
             return None
-        expired = s.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": None}).all()
+        expired = transitions.expire_leases(s, lease_s=lease_s, max_attempts=max_attempts)
         report.expired = len(expired)
         report.dead = sum(1 for r in expired if r.status == "dead")
         expired_ids = {r.id for r in expired if r.status == "queued"}

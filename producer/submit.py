@@ -31,17 +31,18 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 from kombu.exceptions import KombuError
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ledger import transitions
 from ledger.dispatch import TASK_NAME, BatchMessage
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
 from ledger.shards import encode_shard, input_shard_url, run_manifest_url
-from ledger.states import BatchStatus, RunStatus
+from ledger.states import BatchStatus
 
 from .dataset.normalize import normalize_row
 from .dataset.readers import iter_rows
@@ -98,12 +99,10 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
                       batch_size: int, quality_thresholds: dict | None = None) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
-        run = Run(name=name, model=config.model, sampling=config.as_record(), config_hash=config.hash,
-                  output_url=output_url.rstrip("/"), queue=queue, batch_size=batch_size,
-                  status=RunStatus.ACTIVE.value, provenance={"model_files": config.model_files},
-                  quality_thresholds=quality_thresholds)
-        session.add(run)
-        session.flush()
+        run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
+                                  config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
+                                  batch_size=batch_size, provenance={"model_files": config.model_files},
+                                  quality_thresholds=quality_thresholds)
         return run, True
     if run.config_hash != config.hash:
         diffs = []
@@ -224,15 +223,11 @@ class _Submitter:
         with self.report.timed("encode_and_upload"):
             list(self._uploads.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
-            batch_ids = self._insert_batches(s, planned)
-            raw = s.connection().connection.driver_connection
-            with raw.cursor() as cur, cur.copy(
-                "COPY samples (run_id, sample_id, batch_id, source_file, source_row, status) FROM STDIN"
-            ) as copy:
-                for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True):
-                    for r in rows:
-                        copy.write_row((self.run.id, r["sample_id"], batch_id, r["source"]["file"],
-                                        r["source"]["row"], "pending"))
+            batch_ids = transitions.insert_batches(s, self.run.id,
+                                                   [(seq, key, len(rows)) for seq, key, rows in planned])
+            transitions.copy_pending_samples(s, self.run.id, (
+                (r["sample_id"], batch_id, r["source"]["file"], r["source"]["row"])
+                for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True) for r in rows))
             self._write_rejects(s, rejects)
         with self._ids_lock:
             for _, _, rows in planned:
@@ -241,18 +236,6 @@ class _Submitter:
         self.report.batches_new += len(planned)
         self.report.samples_new += sum(len(p[2]) for p in planned)
         self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned, strict=True)])
-
-    def _insert_batches(self, s: Session, planned: list[tuple[int, str, list[dict]]]) -> list[int]:
-        """Every batch of the group in one statement; their ids in ``planned`` order."""
-        rows = s.execute(text(
-            "INSERT INTO batches (run_id, seq, status, input_key, n_samples, attempts, failures) "
-            "SELECT :run, seq, :status, key, n, 0, 0 "
-            "FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:ns AS int[])) AS t(seq, key, n) "
-            "RETURNING id, seq"),
-            {"run": self.run.id, "status": BatchStatus.PLANNED.value, "seqs": [p[0] for p in planned],
-             "keys": [p[1] for p in planned], "ns": [len(p[2]) for p in planned]}).all()
-        by_seq = {r.seq: r.id for r in rows}
-        return [by_seq[seq] for seq, _, _ in planned]
 
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
@@ -277,9 +260,7 @@ class _Submitter:
         with self.report.timed("publish"):
             publish_messages(self.app, messages, queue=self.run.queue)
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
-            s.execute(update(Batch).where(Batch.id.in_([b[0] for b in batches]),
-                                          Batch.status == BatchStatus.PLANNED.value)
-                      .values(status=BatchStatus.QUEUED.value, enqueued_at=func.now()))
+            transitions.mark_published(s, [b[0] for b in batches])
 
     def republish_planned(self) -> int:
         with self.sessions() as s:
@@ -345,8 +326,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
             submitter.close()
         if report.batches_new or report.batches_republished:
             with sessions.begin() as s:
-                s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.FINISHED.value)
-                          .values(status=RunStatus.ACTIVE.value))
+                transitions.reactivate_run(s, run_id)
     finally:
         # Unlock explicitly: close() returns the connection to the pool, and a session-level
         # advisory lock would stay with it, refusing the next submit of this run in this process.

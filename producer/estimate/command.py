@@ -141,8 +141,8 @@ def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
     from ledger.db import make_engine, make_sessionmaker
     from ledger.objects import ObjectStore
 
-    from .estimator import estimate_url, load_estimate
     from .compare import actual_from_ledger, compare
+    from .estimator import estimate_url, load_estimate
     from .render import render_compare
 
     settings = _settings(database_url)

@@ -29,9 +29,9 @@ from typing import Any
 from ledger.errors import ConfigError, RegenError
 from ledger.objects import ObjectStore, join_key
 
+from ..run_config import RunConfig
 from . import arithmetic as em
 from .sample import DrawnSample, draw_sample
-from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

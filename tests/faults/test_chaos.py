@@ -12,8 +12,8 @@ import time
 import pytest
 import redis as redis_lib
 
-from tests.fixtures.fault_report import account
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, running_on, settled, write_prompts
+from tests.fixtures.fault_report import account
 from tests.support.helpers import cli_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

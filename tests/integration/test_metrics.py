@@ -18,8 +18,8 @@ from sqlalchemy import text
 
 from ledger.settings import Settings
 from producer.monitoring.metrics import PRIORITY_SEP, RegenCollector, collect, start_exporter
-from tests.support.helpers import ROOT, wait_for
 from tests.integration.test_views import RUN, build_ledger
+from tests.support.helpers import ROOT, wait_for
 
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 

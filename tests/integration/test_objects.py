@@ -13,8 +13,8 @@ import pytest
 from ledger.errors import ChecksumMismatch, StoreError, UnsafeKey
 from ledger.objects import ObjectStore, join_key
 from ledger.shards import decode_shard, encode_shard, output_shard_url, sha256_hex
-from tests.support.s3_fault_proxy import FaultProxy
 from tests.fixtures.s3 import start_moto_server
+from tests.support.s3_fault_proxy import FaultProxy
 
 #: Fast backoff so retry tests take milliseconds, not the production seconds.
 FAST = {"base_delay_s": 0.01, "max_delay_s": 0.05}

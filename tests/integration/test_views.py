@@ -24,8 +24,8 @@ from ledger.errors import ConfigError
 from ledger.settings import Settings
 from producer.monitoring.status import run_status
 from producer.monitoring.watch import watch_status
-from tests.support.helpers import ROOT
 from tests.fixtures.services import ADMIN_DSN
+from tests.support.helpers import ROOT
 
 SQL_DOC = ROOT / "docs" / "sql.md"
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc)

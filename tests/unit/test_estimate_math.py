@@ -9,8 +9,8 @@ import pytest
 
 from ledger.errors import ConfigError
 from producer.estimate import arithmetic as em
-from producer.estimate.estimator import EstimateOptions, ThroughputChoice, build_estimate, hand_estimate
 from producer.estimate.compare import compare
+from producer.estimate.estimator import EstimateOptions, ThroughputChoice, build_estimate, hand_estimate
 from producer.estimate.render import render_compare, render_estimate
 from producer.estimate.sample import allocate, chars_bucket, draw_sample, generations_in, turn_bucket
 from producer.run_config import RunConfig
