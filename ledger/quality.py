@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import transitions
-from .errors import ConfigError, RegenError
+from .errors import ConfigError, RegenError, RunNotFound
 from .states import Quality
 
 #: Worst first. Ties inside a turn and across turns resolve to the earliest here: a
@@ -374,23 +374,24 @@ def resume_run(session: Session, run_name: str, force: bool) -> ResumeResult:
     """``regen resume``: reactivate a paused run (the caller then republishes its queued batches).
 
     Raises:
-        ConfigError: no such run.
+        RunNotFound: no such run.
         GateRefused: without ``force``, the gate would pause the run again at once.
     """
-    run = session.execute(text("SELECT id, status, quality_thresholds FROM runs WHERE name = :name FOR UPDATE"),
-                          {"name": run_name}).mappings().first()
+    # Not ledger/runs.py's find_run: that module reads Thresholds from this one.
+    run = session.execute(text("SELECT id, status FROM runs WHERE name = :name FOR UPDATE"),
+                          {"name": run_name}).first()
     if run is None:
-        raise ConfigError(f"no run named {run_name!r}")
-    decision = evaluate_gate(session, run["id"])
-    if run["status"] != "paused":
-        return ResumeResult(run_name, run["status"], f"run {run_name} is {run['status']}, not paused: "
+        raise RunNotFound(run_name)
+    decision = evaluate_gate(session, run.id)
+    if run.status != "paused":
+        return ResumeResult(run_name, run.status, f"run {run_name} is {run.status}, not paused: "
                                                      "nothing to resume", decision)
     if decision.pause and not force:
         raise GateRefused(f"run {run_name} would be paused again at once: {decision.reason}. Look at "
                           f"`regen report --run {run_name}`; continue anyway with `regen resume --run "
                           f"{run_name} --force`, or change the run's quality thresholds")
     # A run whose last batches committed while it was paused has nothing left to run: finished.
-    status = transitions.unpause_run(session, run["id"], override_gate=force).value
+    status = transitions.unpause_run(session, run.id, override_gate=force).value
     message = f"run {run_name} is {status}"
     if force:
         message += "; the quality gate will not pause it again (overridden)"

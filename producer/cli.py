@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ledger.errors import RegenError
+from ledger.errors import RegenError, RunNotFound
 from ledger.settings import Settings, redact
 
 
@@ -209,7 +209,7 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
     finally:
         engine.dispose()
     if run_name and not runs:
-        raise click.ClickException(f"no run named {run_name!r}")
+        raise RunNotFound(run_name)
     if as_json:
         click.echo(json.dumps({"runs": runs}, indent=2, default=str))
     else:

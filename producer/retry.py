@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
 from ledger.dispatch import BatchMessage, publish_batch
-from ledger.errors import ConfigError
-from ledger.models import Batch, Run
+from ledger.models import Batch
 from ledger.objects import ObjectStore
+from ledger.runs import find_run
 from ledger.shards import decode_shard, encode_shard, input_shard_url
 from ledger.states import BatchStatus
 
@@ -29,16 +29,9 @@ class RetryReport:
     new_batches: int = 0
 
 
-def _run(session: Session, name: str) -> Run:
-    run = session.scalar(select(Run).where(Run.name == name))
-    if run is None:
-        raise ConfigError(f"no run named {name!r}")
-    return run
-
-
 def retry_dead(sessions: sessionmaker[Session], app: Celery, run_name: str) -> int:
     with sessions.begin() as s:
-        run = _run(s, run_name)
+        run = find_run(s, run_name)
         rows = transitions.revive_dead(s, run.id)
         if rows:
             transitions.reactivate_run(s, run.id)
@@ -52,7 +45,7 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
     """Move every failed sample into new batches (new input shards, new keys) and enqueue them."""
     report = RetryReport()
     with sessions() as s:
-        run = _run(s, run_name)
+        run = find_run(s, run_name)
         failed = s.execute(text(
             "SELECT s.sample_id, b.input_key FROM samples s JOIN batches b ON b.id = s.batch_id "
             "WHERE s.run_id = :run AND s.status = 'failed' ORDER BY b.seq, s.sample_id"), {"run": run.id}).all()

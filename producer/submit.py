@@ -41,6 +41,7 @@ from ledger.dispatch import TASK_NAME, BatchMessage
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
+from ledger.runs import RunRecord, get_run
 from ledger.shards import encode_shard, input_shard_url, run_manifest_url
 from ledger.states import BatchStatus
 
@@ -143,7 +144,7 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
 class _Submitter:
     """Plans groups on the calling (reader) thread and writes them, in order, on one writer thread."""
 
-    def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: Run,
+    def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: RunRecord,
                  report: SubmitReport):
         self.sessions, self.app, self.store, self.run, self.report = sessions, app, store, run, report
         with sessions() as s:
@@ -315,7 +316,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
         if not lock_conn.execute(text("SELECT pg_try_advisory_lock(8151, :r)"), {"r": run_id}).scalar():
             raise ConfigError(f"another submit of run {run_name!r} is in progress")
         with sessions() as s:
-            run = s.get(Run, run_id)
+            run = get_run(s, run_id)
         if created:
             store.put(run_manifest_url(run.output_url), encode_manifest(run))
         submitter = _Submitter(sessions, app, store, run, report)
@@ -369,7 +370,7 @@ def _stream_into_batches(submitter: _Submitter, samples: Iterator[dict], rejects
                                           - timings.get("reader_waits_for_writer", 0.0), 3)
 
 
-def encode_manifest(run: Run) -> bytes:
+def encode_manifest(run: RunRecord) -> bytes:
     import json
 
     return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling,

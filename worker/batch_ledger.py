@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
 from ledger.db import retry_db
+from ledger.runs import run_of_batch
 from ledger.states import BatchStatus, RunStatus
 
 
@@ -33,6 +34,7 @@ class ClaimOutcome(str, Enum):
 class Claim:
     outcome: ClaimOutcome
     attempt: int = 0
+    #: The run's ``RunRecord.for_worker()``: the dict the batch path takes.
     run: dict | None = None
 
 
@@ -40,21 +42,16 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
     def tx() -> Claim:
         with sessions.begin() as s:
             attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s)
-            info = s.execute(text(
-                "SELECT b.status, r.id AS run_id, r.name, r.model, r.sampling, r.output_url, r.provenance, "
-                "r.status AS run_status, r.config_hash, r.quality_thresholds FROM batches b JOIN runs r ON r.id = b.run_id "
-                "WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
-            if info is None:
+            found = run_of_batch(s, batch_id)
+            if found is None:
                 return Claim(ClaimOutcome.MISSING)
-            run = {"id": info["run_id"], "name": info["name"], "model": info["model"],
-                   "sampling": info["sampling"], "output_url": info["output_url"],
-                   "provenance": info["provenance"] or {}, "config_hash": info["config_hash"],
-                   "quality_thresholds": info["quality_thresholds"]}
+            batch_status, record = found
+            run = record.for_worker()
             if attempt is not None:
                 return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run)
-            if info["status"] in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+            if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
                 return Claim(ClaimOutcome.ALREADY_DONE, run=run)
-            if info["run_status"] == RunStatus.PAUSED.value:
+            if record.status == RunStatus.PAUSED.value:
                 return Claim(ClaimOutcome.RUN_PAUSED, run=run)
             return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
 

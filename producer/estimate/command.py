@@ -107,12 +107,9 @@ def _settings(database_url: str | None) -> Settings:
 
 
 def _run_output(session, run_name: str) -> str:
-    from sqlalchemy import text
+    from ledger.runs import find_run
 
-    url = session.execute(text("SELECT output_url FROM runs WHERE name = :n"), {"n": run_name}).scalar()
-    if url is None:
-        raise ConfigError(f"no run named {run_name!r}")
-    return url
+    return find_run(session, run_name).output_url
 
 
 def _save(doc: dict, output_url: str | None, save_as: str | None, database_url: str | None) -> str:
