@@ -106,12 +106,7 @@ def make_heldout_for_random(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) 
 
 
 def regen_argv(*args: str) -> list[str]:
-    """``regen ARGS``; ``estimate`` through its own module until producer/cli.py registers it."""
-    if args and args[0] == "estimate":
-        from producer.cli import main
-
-        if "estimate" not in main.commands:
-            return [sys.executable, "-m", "producer.estimate.command", *args[1:]]
+    """``regen ARGS``."""
     return [sys.executable, "-m", "producer.cli", *args]
 
 

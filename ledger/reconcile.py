@@ -27,13 +27,11 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import transitions
-from .dispatch import BatchMessage, publish_batch
+from .defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS  # noqa: F401 (re-exported)
+from .dispatch import BatchMessage, publish_messages
 
 log = logging.getLogger(__name__)
 
-#: Failed attempts (errors or lost leases) before a batch is dead. Workers take
-#: theirs from ``regen worker --max-attempts``.
-DEFAULT_MAX_ATTEMPTS = 3
 #: A queued batch younger than this may still have its message in flight.
 QUEUED_GRACE_S = 300.0
 #: One reconciler pass at a time across all workers (pg advisory lock key).
@@ -64,9 +62,12 @@ def _queued(session: Session, *, run: str | None, older_than_s: float) -> list:
 
 
 def _publish(sessions: sessionmaker[Session], app: Celery, rows: list) -> int:
+    by_queue: dict[str, list[BatchMessage]] = {}
     for r in rows:
-        publish_batch(app, BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key),
-                      queue=r.queue)
+        by_queue.setdefault(r.queue, []).append(
+            BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key))
+    for queue, messages in by_queue.items():
+        publish_messages(app, messages, queue=queue)
     if rows:
         with sessions.begin() as s:
             transitions.mark_republished(s, [r.id for r in rows])

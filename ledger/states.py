@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from .errors import RegenError
+
 
 class RunStatus(str, Enum):
     ACTIVE = "active"
@@ -109,8 +111,8 @@ class Quality(str, Enum):
     OK = "ok"
 
 
-class IllegalTransition(ValueError):
-    pass
+class IllegalTransition(RegenError, ValueError):
+    """A status change that the tables above do not allow (a bug, never the user's input)."""
 
 
 def check_transition(table: dict, old: Enum, new: Enum) -> None:

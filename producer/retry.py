@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
-from ledger.dispatch import BatchMessage, publish_batch
+from ledger.dispatch import BatchMessage, publish_messages
 from ledger.models import Batch
 from ledger.objects import ObjectStore
 from ledger.runs import find_run
@@ -35,9 +35,8 @@ def retry_dead(sessions: sessionmaker[Session], app: Celery, run_name: str) -> i
         rows = transitions.revive_dead(s, run.id)
         if rows:
             transitions.reactivate_run(s, run.id)
-    for r in rows:
-        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key),
-                      queue=run.queue)
+    publish_messages(app, [BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key)
+                           for r in rows], queue=run.queue)
     return len(rows)
 
 
@@ -72,8 +71,7 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
             transitions.reactivate_run(s, run.id)
             published.append((batch_id, seq, key))
         report.failed_samples += len(chunk)
-    for batch_id, seq, key in published:
-        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=batch_id, seq=seq, input_key=key),
-                      queue=run.queue)
+    publish_messages(app, [BatchMessage(run=run.name, run_id=run.id, batch_id=batch_id, seq=seq, input_key=key)
+                           for batch_id, seq, key in published], queue=run.queue)
     report.new_batches = len(published)
     return report

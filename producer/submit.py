@@ -30,14 +30,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from celery import Celery
-from kombu.exceptions import KombuError
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
-from ledger.dispatch import TASK_NAME, BatchMessage
+from ledger.dispatch import PUBLISH_PIPELINE, BatchMessage, publish_messages
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
@@ -59,8 +58,6 @@ UPLOAD_THREADS = 8
 #: Groups read ahead of the one being written: the reader never waits for S3, and memory
 #: holds at most this many groups plus the one in the writer.
 GROUPS_AHEAD = 1
-#: Redis commands per pipelined round trip when publishing (kombu's Producer.batch).
-PUBLISH_PIPELINE = 1000
 DUPLICATE_REASON = "duplicate_id"
 
 
@@ -270,32 +267,6 @@ class _Submitter:
         for i in range(0, len(rows), PUBLISH_PIPELINE):
             self.publish([(r.id, r.seq, r.input_key) for r in rows[i:i + PUBLISH_PIPELINE]])
         return len(rows)
-
-
-def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, attempts: int = 3) -> None:
-    """Publish task messages in pipelined round trips: what ``publish_batch`` sends, several times faster.
-
-    kombu's ``Producer.batch`` buffers the Redis commands of each ``send_task`` (the
-    task's LPUSH and the PUBLISH of Flower's task-sent event) and sends them as one
-    pipeline per PUBLISH_PIPELINE commands. A failed round trip leaves delivery
-    uncertain, so the whole list is sent again: a message delivered twice is harmless
-    (the second claim acknowledges without generating), a lost one is not.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
-                for message in messages:
-                    kwargs = message.kwargs()
-                    # Given reprs: Celery would otherwise saferepr() every message (a fifth of the cost).
-                    app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, producer=producer, argsrepr="()",
-                                  kwargsrepr=repr(kwargs))
-            return
-        except (KombuError, OSError) as e:
-            if attempt == attempts:
-                raise
-            log.warning("publishing %d messages failed (%s); attempt %d of %d in %ds", len(messages), e,
-                        attempt + 1, attempts, attempt)
-            time.sleep(attempt)
 
 
 def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,

@@ -13,7 +13,6 @@ each in-flight batch is handed back to the broker within a second.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import socket
 
@@ -22,24 +21,11 @@ from celery import signals
 from ledger.dispatch import make_celery
 from ledger.settings import Settings
 
+from .engine_args import parse_engine_args
 from .runtime import WorkerOptions, WorkerRuntime
 from .tasks import register_tasks
 
 log = logging.getLogger("regen.worker")
-
-
-def parse_engine_args(pairs: list[str]) -> dict:
-    """``key=value`` pairs; values are JSON when they parse (numbers, booleans), else strings."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--engine-arg expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except ValueError:
-            out[key.replace("-", "_")] = value
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
