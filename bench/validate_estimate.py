@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from ledger.local_s3 import start_local_s3
+
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get("REGEN_TEST_PG", "postgresql://127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REGEN_BENCH_REDIS", "redis://127.0.0.1:6379/0")
@@ -220,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     engine_args = args.engine_arg or ["max_model_len=2048", "enable_chunked_prefill=false"]
 
-    from tests.fixtures.s3 import start_moto_server
-
     work = Path(tempfile.mkdtemp(prefix="regen-bench-estimate-"))
     model, variant = args.model, "given"
     if model is not None:
@@ -248,12 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = make_heldout(data, args.rows)
     print(f"held-out dataset: {counts} in {data}; model {model} ({variant})", flush=True)
 
-    moto = start_moto_server()
+    moto = start_local_s3()
     db_url, drop_db = scratch_database()
     run, queue = f"bench-{uuid.uuid4().hex[:6]}", f"bench-estimate-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "AWS_ENDPOINT_URL": moto.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
+    env = {**os.environ, **moto.env(), "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), "PYTHONUNBUFFERED": "1"}
     worker = None
     try:
