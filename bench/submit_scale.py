@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         moto_cpu, own_cpu = sum(moto.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
         with PeakRss() as rss:
             t0 = time.perf_counter()
-            report = submit_run(sessions, app, ObjectStore(max_attempts=settings.s3_max_attempts),
+            report = submit_run(sessions, app, ObjectStore.from_settings(settings),
                                 [str(path) for path in paths], run_name=run, config=config,
                                 output_url=f"{scratch.output_root}/scale", batch_size=args.batch_size,
                                 queue=scratch.queue)
