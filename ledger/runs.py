@@ -80,6 +80,13 @@ def find_run(session: Session, name: str, *, for_update: bool = False) -> RunRec
     return RunRecord.from_row(row)
 
 
+def list_runs(session: Session, name: str | None = None) -> list[RunRecord]:
+    """Every run, oldest first, or only the one called ``name`` (an empty list if there is none)."""
+    where, params = ("WHERE name = :name", {"name": name}) if name is not None else ("", {})
+    rows = session.execute(text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id"), params).mappings()
+    return [RunRecord.from_row(row) for row in rows]
+
+
 def get_run(session: Session, run_id: int) -> RunRecord | None:
     """The run with this id, or None (deleted by ``regen clean --ledger``)."""
     row = session.execute(text(f"SELECT {_COLUMNS} FROM runs WHERE id = :id"), {"id": run_id}).mappings().first()
