@@ -5,6 +5,9 @@ write of that attempt says ``WHERE attempts = :attempt AND status = 'running'``.
 A stale attempt (its worker was presumed dead, or the broker redelivered the
 message after its visibility timeout) therefore can never overwrite a newer
 record: its commit finds no row and it acknowledges without writing.
+
+The statements themselves, fences included, are ledger/transitions.py's (the one
+module that writes a status); this module adds the worker's retries and outcomes.
 """
 
 from __future__ import annotations
