@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from worker.tiny_model import IDENTIFIERS, WORDS
+from worker.tiny.model import IDENTIFIERS, WORDS
 
 #: Sentences in the pool rows are drawn from: enough that rows differ, small enough to build at once.
 SENTENCE_POOL = 4096

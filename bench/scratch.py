@@ -8,17 +8,12 @@ other people's tests and workers on the same Postgres and Redis.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +22,7 @@ import psycopg
 import redis as redis_lib
 
 from ledger import migrate
+from ledger.local_s3 import start_local_s3
 from ledger.settings import Settings
 
 #: An existing database to connect to for CREATE/DROP DATABASE (the tests use the same).
@@ -34,6 +30,7 @@ DEFAULT_ADMIN_DSN = "postgresql://127.0.0.1:5432/test"
 #: Redis db 0 with a queue of its own (deleted at the end): the test fixtures take dbs 1-15 and
 #: FLUSHDB them, which would silently drop a benchmark's messages half way.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Twice the tests' wait for moto: benchmarks start it on a machine their engines already load.
 MOTO_START_TIMEOUT_S = 60.0
 
 
@@ -59,38 +56,6 @@ class Scratch:
                 "REDIS_URL": self.settings.redis_url}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # Linux: SIGTERM moto if the benchmark dies without cleaning up (SIGKILL), so no orphan holds a port.
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def _start_moto(log_path: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    with open(log_path, "wb") as log:
-        # Logs to a file: werkzeug logs every request and would fill a pipe.
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=_die_with_parent)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
-                return proc, endpoint
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"moto server did not start; see {log_path}")
-
-
 def with_database(dsn: str, name: str) -> str:
     """``dsn`` naming database ``name``; keeps a query such as ``?host=/socket/dir`` (embedded Postgres)."""
     from urllib.parse import urlsplit, urlunsplit
@@ -109,11 +74,9 @@ def scratch_services(*, admin_dsn: str = DEFAULT_ADMIN_DSN, redis_url: str = DEF
     """
     tag = uuid.uuid4().hex[:8]
     workdir = tempfile.mkdtemp(prefix=f"regen-bench-{tag}-")
-    moto_log = os.path.join(workdir, "moto.log")
-    moto, endpoint = _start_moto(moto_log)
-    s3_env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-              "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-              "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    local_s3 = start_local_s3(log_path=os.path.join(workdir, "moto.log"), start_timeout_s=MOTO_START_TIMEOUT_S)
+    moto = local_s3.process
+    s3_env = local_s3.env()
     saved = {k: os.environ.get(k) for k in s3_env}
     os.environ.update(s3_env)
     admin = psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5)
@@ -138,11 +101,7 @@ def scratch_services(*, admin_dsn: str = DEFAULT_ADMIN_DSN, redis_url: str = DEF
                 if keys:
                     client.delete(*keys)
             client.close()
-        moto.terminate()
-        try:
-            moto.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            moto.kill()
+        local_s3.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:

@@ -30,8 +30,8 @@ from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
+from producer.monitoring.status import run_status
 from producer.run_config import RunConfig
-from producer.status import run_status
 from producer.submit import submit_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         moto_cpu, own_cpu = sum(moto.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
         with PeakRss() as rss:
             t0 = time.perf_counter()
-            report = submit_run(sessions, app, ObjectStore(max_attempts=settings.s3_max_attempts),
+            report = submit_run(sessions, app, ObjectStore.from_settings(settings),
                                 [str(path) for path in paths], run_name=run, config=config,
                                 output_url=f"{scratch.output_root}/scale", batch_size=args.batch_size,
                                 queue=scratch.queue)

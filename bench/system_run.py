@@ -24,10 +24,11 @@ import redis as redis_lib
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from bench.scratch import Scratch, _die_with_parent
+from bench.scratch import Scratch
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
+from ledger.orphans import die_with_parent
 from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
@@ -101,7 +102,7 @@ class WorkerProcess:
         with open(self.log_path, "wb") as log:
             # Its own session, but SIGTERMed if the benchmark dies: no worker outlives it.
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=die_with_parent)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""

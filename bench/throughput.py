@@ -106,7 +106,7 @@ class BareEngine:
         from vllm import SamplingParams
 
         from ledger.hashing import sample_seed, thinking_enabled
-        from producer.normalize import normalize_row
+        from producer.dataset.normalize import normalize_row
         from worker.generation import engine_sampling
         from worker.rendering import Renderer
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model
     if model is None:
-        from worker.tiny_model import build_key, build_tiny_model
+        from worker.tiny.model import build_key, build_tiny_model
 
         # One folder per build key: a changed tiny_model.py builds beside the old one, never over it.
         folder = Path("/tmp/regen-bench-model") / f"tiny-random-{build_key('random', 0)[:12]}"
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     config = run_config(model, args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
-    from worker.options import parse_engine_args
+    from worker.engine_args import parse_engine_args
 
     extra = parse_engine_args(args.engine_arg)
     settings = engine_args(extra)

@@ -3,7 +3,7 @@
     python -m bench.validate_estimate [--rows 1000] [--pilot-share 0.1] [--variant trained] [--json-out F]
 
 1. Builds a held-out dataset (synthetic, long-tailed, never seen by the tiny model's
-   training: another seed of worker/tiny_data.py's generator) in three files: single
+   training: another seed of worker/tiny/data.py's generator) in three files: single
    questions with length cues ("Briefly," … "In detail,"), tool calls, and 2-4 turn chats.
 2. ``regen estimate`` on it with a pilot of ``pilot_share`` of the rows, saved to the
    run's S3 prefix.
@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from ledger.local_s3 import start_local_s3
+
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get("REGEN_TEST_PG", "postgresql://127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REGEN_BENCH_REDIS", "redis://127.0.0.1:6379/0")
@@ -42,7 +44,7 @@ HELDOUT_SEED = 917_000
 
 def make_heldout(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) -> dict[str, int]:
     """Write chat.jsonl (50%), tools.jsonl (30%) and multiturn.jsonl (20%); return rows per file."""
-    from worker.tiny_data import synthetic_example
+    from worker.tiny.data import synthetic_example
 
     rng = random.Random(seed)
     files: dict[str, list[dict]] = {"chat.jsonl": [], "tools.jsonl": [], "multiturn.jsonl": []}
@@ -83,7 +85,7 @@ def make_heldout_for_random(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) 
     prompt, so prompts of long-tailed (lognormal) length give per-sample max_tokens draws;
     files differ in their length distribution and in how many turns come before the last.
     """
-    from worker.tiny_model import WORDS
+    from worker.tiny.model import WORDS
 
     words = list(WORDS)
     rng = random.Random(seed)
@@ -106,12 +108,7 @@ def make_heldout_for_random(out_dir: Path, rows: int, seed: int = HELDOUT_SEED) 
 
 
 def regen_argv(*args: str) -> list[str]:
-    """``regen ARGS``; ``estimate`` through its own module until producer/cli.py registers it."""
-    if args and args[0] == "estimate":
-        from producer.cli import main
-
-        if "estimate" not in main.commands:
-            return [sys.executable, "-m", "producer.estimate_cli", *args[1:]]
+    """``regen ARGS``."""
     return [sys.executable, "-m", "producer.cli", *args]
 
 
@@ -225,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     engine_args = args.engine_arg or ["max_model_len=2048", "enable_chunked_prefill=false"]
 
-    from tests.s3_fixtures import start_moto_server
-
     work = Path(tempfile.mkdtemp(prefix="regen-bench-estimate-"))
     model, variant = args.model, "given"
     if model is not None:
@@ -234,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if marker.exists():
             variant = json.loads(marker.read_text()).get("variant", variant)
     else:
-        from worker.tiny_model import build_tiny_model
+        from worker.tiny.model import build_tiny_model
 
         variant = args.variant
         try:
@@ -253,12 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = make_heldout(data, args.rows)
     print(f"held-out dataset: {counts} in {data}; model {model} ({variant})", flush=True)
 
-    moto = start_moto_server()
+    moto = start_local_s3()
     db_url, drop_db = scratch_database()
     run, queue = f"bench-{uuid.uuid4().hex[:6]}", f"bench-estimate-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "AWS_ENDPOINT_URL": moto.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
+    env = {**os.environ, **moto.env(), "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), "PYTHONUNBUFFERED": "1"}
     worker = None
     try:
@@ -302,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"could not drop the scratch database: {e}", flush=True)
         stop_moto(moto)
 
-    from producer.estimate_render import render_estimate
+    from producer.estimate.render import render_estimate
 
     print("\n" + render_estimate(estimate))
     print("\n" + compare_text)

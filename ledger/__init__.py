@@ -4,4 +4,19 @@ The Postgres ledger (runs, batches, samples: the truth about every sample), the
 objects it points to (input and output shards in S3, their keys and codec), the
 dispatch channel (the Celery app, queues and task message) and the settings that
 connect to all three. Nothing here imports vLLM or torch.
+
+Modules::
+
+    models.py       the tables (SQLAlchemy 2); migrate.py applies migrations/
+    states.py       every status and the transitions allowed between them
+    transitions.py  every status write: the only place a status changes
+    runs.py         the run record (RunRecord), read by name or id
+    db.py           engine, sessions, retry_db for writes that must outlive a Postgres restart
+    reconcile.py    expired leases and lost messages: rebuild the queue from the ledger
+    quality.py      quality classes, thresholds, the gate that pauses a run
+    dispatch.py     the Celery app, the batch message, publish_messages
+    objects.py      the S3 object store; shards.py the shard codec and keys
+    settings.py     Settings; defaults.py defaults both sides share
+    errors.py       RegenError and its family; hashing.py config hashes and seeds
+    local_s3.py     moto's S3 server for the demo, the tests and the benchmarks
 """

@@ -16,6 +16,14 @@ class ConfigError(RegenError):
     """The user's configuration or command line cannot work (wrong URL, refused run config)."""
 
 
+class RunNotFound(ConfigError):
+    """No run has this name (the one place "no run named" is written)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"no run named {name!r}")
+        self.name = name
+
+
 class InputRowError(RegenError):
     """One input row cannot become a sample. ``reason`` is a short stable code, ``detail`` says why."""
 

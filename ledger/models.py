@@ -24,8 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from .quality import Quality
-from .states import BatchStatus, RunStatus, SampleStatus
+from .states import BatchStatus, Quality, RunStatus, SampleStatus
 
 
 def _in(column: str, enum) -> str:

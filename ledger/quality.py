@@ -14,29 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from enum import Enum
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import ConfigError, RegenError
-
-
-class Quality(str, Enum):
-    """Sample classes, worst first: a sample's class is its worst turn's (``SEVERITY``)."""
-
-    FAILED = "failed"                            # no output at all (the sample's error says why)
-    EMPTY_ANSWER = "empty_answer"                # finished turn with no answer and no tool call
-    STUB_ANSWER = "stub_answer"                  # a few tokens ("OK.") and no thought behind them
-    REPETITION_LOOP = "repetition_loop"          # most of a long completion repeats itself
-    EMPTY_REASONING = "empty_reasoning"          # thinking on, but an empty <think></think>
-    TRUNCATED_REASONING = "truncated_reasoning"  # cut off (max_tokens, abort) before </think>
-    TRUNCATED_ANSWER = "truncated_answer"        # cut off after </think>, or without thinking
-    BAD_THINK_TAGS = "bad_think_tags"            # unbalanced or leftover think tags
-    INVALID_TOOL_JSON = "invalid_tool_json"      # a <tool_call> block that does not parse
-    OK = "ok"
-
+from . import transitions
+from .errors import ConfigError, RegenError, RunNotFound
+from .states import Quality
 
 #: Worst first. Ties inside a turn and across turns resolve to the earliest here: a
 #: stub that also has an empty thought is a stub (the disaster above), a loop that ran
@@ -341,10 +326,7 @@ def evaluate_gate(session: Session, run_id: int) -> GateDecision:
 
 def pause_run(session: Session, run_id: int, reason: str) -> bool:
     """Pause an active run with ``reason``; False if it was not active (finished, already paused)."""
-    row = session.execute(text(
-        "UPDATE runs SET status = 'paused', status_reason = :reason WHERE id = :run AND status = 'active' "
-        "RETURNING id"), {"run": run_id, "reason": reason[:2000]}).first()
-    return row is not None
+    return transitions.pause_run(session, run_id, reason)
 
 
 _CLAIM_GATE_CHECK = text(
@@ -352,11 +334,6 @@ _CLAIM_GATE_CHECK = text(
     "AND coalesce((quality_thresholds ->> 'gate_overridden')::boolean, false) = false "
     "AND (gate_checked_at IS NULL OR gate_checked_at <= now() - make_interval(secs => "
     "coalesce((quality_thresholds ->> 'gate_interval_s')::float, :default_interval))) RETURNING id")
-# Re-checks the override: a `regen resume --force` may land between the evaluation and this.
-_PAUSE_BY_GATE = text(
-    "UPDATE runs SET status = 'paused', status_reason = :reason WHERE id = :run AND status = 'active' "
-    "AND coalesce((quality_thresholds ->> 'gate_overridden')::boolean, false) = false RETURNING id")
-
 
 def enforce_gate(sessions: sessionmaker[Session], run_id: int) -> GateDecision | None:
     """What a worker calls after each commit: evaluate the run's gate if due, pause the run if needed.
@@ -379,7 +356,8 @@ def enforce_gate(sessions: sessionmaker[Session], run_id: int) -> GateDecision |
     if decision.pause:
         reason = decision.reason + "; look with regen report, then regen resume (--force to continue despite the gate)"
         with sessions.begin() as session:
-            session.execute(_PAUSE_BY_GATE, {"run": run_id, "reason": reason[:2000]})
+            # Re-checks the override: a `regen resume --force` may land between the evaluation and this.
+            transitions.pause_run(session, run_id, reason, unless_overridden=True)
     return decision
 
 
@@ -396,30 +374,24 @@ def resume_run(session: Session, run_name: str, force: bool) -> ResumeResult:
     """``regen resume``: reactivate a paused run (the caller then republishes its queued batches).
 
     Raises:
-        ConfigError: no such run.
+        RunNotFound: no such run.
         GateRefused: without ``force``, the gate would pause the run again at once.
     """
-    run = session.execute(text("SELECT id, status, quality_thresholds FROM runs WHERE name = :name FOR UPDATE"),
-                          {"name": run_name}).mappings().first()
+    # Not ledger/runs.py's find_run: that module reads Thresholds from this one.
+    run = session.execute(text("SELECT id, status FROM runs WHERE name = :name FOR UPDATE"),
+                          {"name": run_name}).first()
     if run is None:
-        raise ConfigError(f"no run named {run_name!r}")
-    decision = evaluate_gate(session, run["id"])
-    if run["status"] != "paused":
-        return ResumeResult(run_name, run["status"], f"run {run_name} is {run['status']}, not paused: "
+        raise RunNotFound(run_name)
+    decision = evaluate_gate(session, run.id)
+    if run.status != "paused":
+        return ResumeResult(run_name, run.status, f"run {run_name} is {run.status}, not paused: "
                                                      "nothing to resume", decision)
     if decision.pause and not force:
         raise GateRefused(f"run {run_name} would be paused again at once: {decision.reason}. Look at "
                           f"`regen report --run {run_name}`; continue anyway with `regen resume --run "
                           f"{run_name} --force`, or change the run's quality thresholds")
-    params: dict[str, Any] = {"run": run["id"]}
-    override = ""
-    if force:
-        override = ", quality_thresholds = coalesce(quality_thresholds, '{}'::jsonb) || '{\"gate_overridden\": true}'"
-    # A run whose last batches committed while it was paused has nothing left to run.
-    status = session.execute(text(
-        f"UPDATE runs SET status = CASE WHEN EXISTS (SELECT 1 FROM batches WHERE run_id = :run AND status NOT IN "
-        f"('done', 'dead')) THEN 'active' ELSE 'finished' END, status_reason = NULL, gate_checked_at = NULL"
-        f"{override} WHERE id = :run RETURNING status"), params).scalar_one()
+    # A run whose last batches committed while it was paused has nothing left to run: finished.
+    status = transitions.unpause_run(session, run.id, override_gate=force).value
     message = f"run {run_name} is {status}"
     if force:
         message += "; the quality gate will not pause it again (overridden)"

@@ -26,15 +26,12 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from .dispatch import BatchMessage, publish_batch
+from . import transitions
+from .defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, QUEUED_GRACE_S  # noqa: F401 (re-exported)
+from .dispatch import BatchMessage, publish_messages
 
 log = logging.getLogger(__name__)
 
-#: Failed attempts (errors or lost leases) before a batch is dead. Workers take
-#: theirs from ``regen worker --max-attempts``.
-DEFAULT_MAX_ATTEMPTS = 3
-#: A queued batch younger than this may still have its message in flight.
-QUEUED_GRACE_S = 300.0
 #: One reconciler pass at a time across all workers (pg advisory lock key).
 RECONCILER_LOCK = 727463
 
@@ -47,20 +44,9 @@ class RequeueReport:
     runs: list[str] = field(default_factory=list)
 
 
-_EXPIRE = text("""
-UPDATE batches b SET failures = b.failures + 1,
-       status = CASE WHEN b.failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
-       error = 'lease expired: worker ' || coalesce(b.worker, '?') || ' stopped heartbeating',
-       worker = NULL, heartbeat_at = NULL, enqueued_at = now()
-FROM runs r
-WHERE r.id = b.run_id AND b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
-  AND (CAST(:run AS text) IS NULL OR r.name = :run)
-RETURNING b.id, b.status
-""")
-
-
 def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> tuple[int, int]:
-    rows = session.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": run}).all()
+    """Expire lost leases (see ledger/transitions.py): (expired, of them now dead)."""
+    rows = transitions.expire_leases(session, lease_s=lease_s, max_attempts=max_attempts, run=run)
     return len(rows), sum(1 for r in rows if r.status == "dead")
 
 
@@ -74,14 +60,15 @@ def _queued(session: Session, *, run: str | None, older_than_s: float) -> list:
 
 
 def _publish(sessions: sessionmaker[Session], app: Celery, rows: list) -> int:
+    by_queue: dict[str, list[BatchMessage]] = {}
     for r in rows:
-        publish_batch(app, BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key),
-                      queue=r.queue)
+        by_queue.setdefault(r.queue, []).append(
+            BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key))
+    for queue, messages in by_queue.items():
+        publish_messages(app, messages, queue=queue)
     if rows:
         with sessions.begin() as s:
-            s.execute(text("UPDATE batches SET status = 'queued', enqueued_at = now() "
-                           "WHERE id = ANY(:ids) AND status IN ('queued', 'planned')"),
-                      {"ids": [r.id for r in rows]})
+            transitions.mark_republished(s, [r.id for r in rows])
     return len(rows)
 
 
@@ -114,7 +101,7 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
     with sessions.begin() as s:
         if not s.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK}).scalar():
             return None
-        expired = s.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": None}).all()
+        expired = transitions.expire_leases(s, lease_s=lease_s, max_attempts=max_attempts)
         report.expired = len(expired)
         report.dead = sum(1 for r in expired if r.status == "dead")
         expired_ids = {r.id for r in expired if r.status == "queued"}

@@ -1,17 +1,19 @@
 """Every status in the ledger and the transitions allowed between them: in one place.
 
 The ledger is the truth; Redis is only a dispatch channel. These transitions are
-what the producer, the workers and the operator commands may do, and
-``check_transition`` is called wherever a status is changed by code that can
-know the old one.
+what the producer, the workers and the operator commands may do. They are carried
+out in one module, ledger/transitions.py, and tests/unit/test_transitions.py holds
+every status write there against the tables below (with ``check_transition``) and
+fails on a status write anywhere else.
 
-Runs::
+Runs (created ``active``)::
 
-    active ──► paused ──► active        (quality gate / `regen pause`; `regen resume`)
-    active ──► finished                 (no batch left pending or running)
+    active ──► paused ──► active        (the quality gate; `regen resume`)
+                                        (and at once finished if nothing is left to run)
+    active ──► finished                 (no batch left planned, queued or running)
     finished ──► active                 (`regen retry`, a resumed submit adds batches)
 
-Batches::
+Batches (created ``planned`` by submit, ``queued`` by `regen retry --failed`)::
 
     planned ──► queued ──► running ──► done
                   ▲  ▲        │   │
@@ -30,7 +32,7 @@ token (every claim increments it) and ``heartbeat_at`` its lease. ``failures``
 counts attempts that failed (an error, or a lease that expired with its worker
 gone); preemptions do not count, so a batch on preemptible nodes never dies of them.
 
-Samples::
+Samples (created ``pending``)::
 
     pending ──► done
        │  └──► failed ──► pending       (`regen retry --failed`)
@@ -42,6 +44,8 @@ Rows that never became samples (malformed, duplicates) live in ``rejected_rows``
 from __future__ import annotations
 
 from enum import Enum
+
+from .errors import RegenError
 
 
 class RunStatus(str, Enum):
@@ -71,13 +75,19 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
-    BatchStatus.PLANNED: frozenset({BatchStatus.QUEUED}),
+    # planned -> running: a worker may take the message before submit marks its batch queued.
+    BatchStatus.PLANNED: frozenset({BatchStatus.QUEUED, BatchStatus.RUNNING}),
     BatchStatus.QUEUED: frozenset({BatchStatus.RUNNING, BatchStatus.QUEUED}),
     # running -> running: a new attempt takes over a batch whose lease expired.
     BatchStatus.RUNNING: frozenset({BatchStatus.DONE, BatchStatus.QUEUED, BatchStatus.DEAD, BatchStatus.RUNNING}),
     BatchStatus.DEAD: frozenset({BatchStatus.QUEUED}),
     BatchStatus.DONE: frozenset(),
 }
+
+#: The statuses a new row may start in.
+RUN_INITIAL: frozenset[RunStatus] = frozenset({RunStatus.ACTIVE})
+BATCH_INITIAL: frozenset[BatchStatus] = frozenset({BatchStatus.PLANNED, BatchStatus.QUEUED})
+SAMPLE_INITIAL: frozenset[SampleStatus] = frozenset({SampleStatus.PENDING})
 
 SAMPLE_TRANSITIONS: dict[SampleStatus, frozenset[SampleStatus]] = {
     SampleStatus.PENDING: frozenset({SampleStatus.DONE, SampleStatus.FAILED}),
@@ -86,8 +96,23 @@ SAMPLE_TRANSITIONS: dict[SampleStatus, frozenset[SampleStatus]] = {
 }
 
 
-class IllegalTransition(ValueError):
-    pass
+class Quality(str, Enum):
+    """Sample classes, worst first: a sample's class is its worst turn's (``SEVERITY``)."""
+
+    FAILED = "failed"                            # no output at all (the sample's error says why)
+    EMPTY_ANSWER = "empty_answer"                # finished turn with no answer and no tool call
+    STUB_ANSWER = "stub_answer"                  # a few tokens ("OK.") and no thought behind them
+    REPETITION_LOOP = "repetition_loop"          # most of a long completion repeats itself
+    EMPTY_REASONING = "empty_reasoning"          # thinking on, but an empty <think></think>
+    TRUNCATED_REASONING = "truncated_reasoning"  # cut off (max_tokens, abort) before </think>
+    TRUNCATED_ANSWER = "truncated_answer"        # cut off after </think>, or without thinking
+    BAD_THINK_TAGS = "bad_think_tags"            # unbalanced or leftover think tags
+    INVALID_TOOL_JSON = "invalid_tool_json"      # a <tool_call> block that does not parse
+    OK = "ok"
+
+
+class IllegalTransition(RegenError, ValueError):
+    """A status change that the tables above do not allow (a bug, never the user's input)."""
 
 
 def check_transition(table: dict, old: Enum, new: Enum) -> None:

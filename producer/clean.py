@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger.errors import ConfigError
 from ledger.objects import ObjectStore, parse_s3_url
+from ledger.runs import find_run
 
 
 @dataclass(frozen=True)
@@ -72,18 +73,15 @@ def overlapping_runs(session: Session, run_id: int, output_url: str) -> list[str
 def plan_clean(sessions: sessionmaker[Session], store: ObjectStore, run_name: str) -> CleanPlan:
     """What ``clean_run`` would delete. Raises ConfigError for an unknown run."""
     with sessions() as s:
-        run = s.execute(text("SELECT id, status, output_url FROM runs WHERE name = :name"),
-                        {"name": run_name}).mappings().first()
-        if run is None:
-            raise ConfigError(f"no run named {run_name!r}")
+        run = find_run(s, run_name)
         batches, busy = s.execute(text(
             "SELECT count(*), count(*) FILTER (WHERE status IN ('planned', 'queued', 'running')) FROM batches "
-            "WHERE run_id = :id"), {"id": run["id"]}).one()
-        samples = s.scalar(text("SELECT count(*) FROM samples WHERE run_id = :id"), {"id": run["id"]})
-        rejected = s.scalar(text("SELECT count(*) FROM rejected_rows WHERE run_id = :id"), {"id": run["id"]})
-        overlaps = tuple(overlapping_runs(s, run["id"], run["output_url"]))
-    objects = sum(1 for _ in store.list(_folder(run["output_url"])))
-    return CleanPlan(run=run_name, run_id=run["id"], status=run["status"], output_url=run["output_url"],
+            "WHERE run_id = :id"), {"id": run.id}).one()
+        samples = s.scalar(text("SELECT count(*) FROM samples WHERE run_id = :id"), {"id": run.id})
+        rejected = s.scalar(text("SELECT count(*) FROM rejected_rows WHERE run_id = :id"), {"id": run.id})
+        overlaps = tuple(overlapping_runs(s, run.id, run.output_url))
+    objects = sum(1 for _ in store.list(_folder(run.output_url)))
+    return CleanPlan(run=run_name, run_id=run.id, status=run.status, output_url=run.output_url,
                      objects=objects, batches=int(batches), samples=int(samples), rejected_rows=int(rejected),
                      busy_batches=int(busy), overlaps=overlaps)
 

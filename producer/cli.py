@@ -12,28 +12,32 @@ import sys
 
 import click
 
-from ledger.errors import RegenError
-from ledger.settings import Settings, redact
+from ledger.defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ledger.errors import RegenError, RunNotFound
+from ledger.settings import redact
 from worker.options import WorkerOptions
 
-
-def _settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
-    return Settings.from_env(database_url=database_url, redis_url=redis_url)
-
-
-db_option = click.option("--database-url", envvar="DATABASE_URL", default=None,
-                         help="postgresql://user@host:port/db (env DATABASE_URL)")
-redis_option = click.option("--redis-url", envvar="REDIS_URL", default=None,
-                            help="redis://host:port/db, the Celery broker (env REDIS_URL)")
+from .cli_common import (
+    ERROR_EXIT,
+    db_option,
+    ledger,
+    redis_option,
+    run_config_from,
+    run_config_options,
+    store,
+)
+from .cli_common import settings as _settings
 
 
 class _Group(click.Group):
+    """Every RegenError a command raises is reported here, once: ``error: ...`` and ERROR_EXIT."""
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except RegenError as e:
             click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            sys.exit(ERROR_EXIT)
 
 
 @click.group(cls=_Group)
@@ -77,7 +81,7 @@ def db_current(database_url: str | None) -> None:
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
 def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
     """Write a small offline Qwen3-architecture model (for the demo, tests and smoke tests)."""
-    from worker.tiny_model import build_tiny_model
+    from worker.tiny.model import build_tiny_model
 
     path = build_tiny_model(out_dir, variant=variant, seed=seed, force=force)
     click.echo(f"tiny model ({variant}) in {path}")
@@ -89,30 +93,20 @@ def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
 @click.option("--model", required=True, help="model directory (or hub id) the workers load")
 @click.option("--output", "output_url", required=True, help="s3://bucket/prefix for the run's shards")
 @click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--max-tokens", type=int, default=2048, show_default=True)
-@click.option("--temperature", type=float, default=None, help="default: the model's generation_config.json")
-@click.option("--top-p", type=float, default=None)
-@click.option("--top-k", type=int, default=None)
-@click.option("--seed", type=int, default=None, help="run seed; each generation's seed derives from it")
-@click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True)
-@click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
-              "generated without thinking (default 0.5)")
-@click.option("--queue", default="regen", show_default=True, help="broker queue the workers of this model consume")
+@run_config_options
+@click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="broker queue the workers of this model consume")
 @click.option("--quality-thresholds", default=None,
               help='JSON overrides of the quality gate, e.g. \'{"gate_min_samples": 100}\' (docs/quality.md)')
 @click.option("--json", "as_json", is_flag=True)
 @db_option
 @redis_option
-def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperature, top_p, top_k, seed, thinking,
-           thinking_off_share, queue, quality_thresholds, as_json, database_url, redis_url) -> None:
+def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresholds, as_json, database_url, redis_url,
+           **run_config) -> None:
     """Register PATHS (JSONL/Parquet files or folders) as a run and enqueue its batches."""
     from dataclasses import asdict
 
-    from ledger.db import make_engine, make_sessionmaker
     from ledger.dispatch import make_celery
-    from ledger.objects import ObjectStore
 
-    from .run_config import build_run_config
     from .submit import submit_run
 
     thresholds = None
@@ -125,16 +119,12 @@ def submit(paths, run_name, model, output_url, batch_size, max_tokens, temperatu
             raise click.BadParameter(f"not JSON: {e}", param_hint="--quality-thresholds") from e
         thresholds = Thresholds.from_json(raw).to_json()
     settings = _settings(database_url, redis_url)
-    config = build_run_config(model, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                              seed=seed, thinking=thinking, thinking_off_share=thinking_off_share)
-    engine = make_engine(settings)
+    config = run_config_from(model, run_config)
     app = make_celery(settings)
-    try:
-        report = submit_run(make_sessionmaker(engine), app, ObjectStore(max_attempts=settings.s3_max_attempts),
-                            list(paths), run_name=run_name, config=config, output_url=output_url,
-                            batch_size=batch_size, queue=queue, quality_thresholds=thresholds)
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions:
+        report = submit_run(sessions, app, store(settings), list(paths), run_name=run_name, config=config,
+                            output_url=output_url, batch_size=batch_size, queue=queue,
+                            quality_thresholds=thresholds)
     if as_json:
         click.echo(json.dumps(asdict(report), indent=2))
         return
@@ -176,7 +166,10 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
            requeue_grace_s, metrics_port, node_name, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
+    from worker.engine_args import parse_engine_args
     from worker.launcher import parse_gpus, plan_processes, run_launcher
+
+    parse_engine_args(list(engine_args))  # refuse a malformed pair here, before any process starts
 
     plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, metrics_port=metrics_port, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
@@ -202,21 +195,15 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
     if watch:
         if as_json:
             raise click.UsageError("--watch and --json do not mix")
-        from .watch import watch_status
+        from .monitoring.watch import watch_status
 
         sys.exit(watch_status(_settings(database_url), run_name, interval_s=interval))
-    from ledger.db import make_engine, make_sessionmaker
+    from .monitoring.status import render_status, run_status
 
-    from .status import render_status, run_status
-
-    engine = make_engine(_settings(database_url))
-    try:
-        with make_sessionmaker(engine)() as session:
-            runs = run_status(session, run_name)
-    finally:
-        engine.dispose()
+    with ledger(_settings(database_url)) as sessions, sessions() as session:
+        runs = run_status(session, run_name)
     if run_name and not runs:
-        raise click.ClickException(f"no run named {run_name!r}")
+        raise RunNotFound(run_name)
     if as_json:
         click.echo(json.dumps({"runs": runs}, indent=2, default=str))
     else:
@@ -225,24 +212,20 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
 
 @main.command()
 @click.option("--run", "run_name", default=None, help="one run (default: all)")
-@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True,
+@click.option("--lease-s", type=float, default=DEFAULT_LEASE_S, show_default=True,
               help="running batches without a heartbeat for this long are presumed lost")
-@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
 @db_option
 @redis_option
 def requeue(run_name, lease_s, max_attempts, database_url, redis_url) -> None:
     """Rebuild the queue from the ledger (after Redis was flushed or restarted empty)."""
-    from ledger.db import make_engine, make_sessionmaker
     from ledger.dispatch import make_celery
     from ledger.reconcile import requeue as do_requeue
 
     settings = _settings(database_url, redis_url)
-    engine = make_engine(settings)
-    try:
-        report = do_requeue(make_sessionmaker(engine), make_celery(settings), run=run_name, lease_s=lease_s,
+    with ledger(settings) as sessions:
+        report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s,
                             max_attempts=max_attempts)
-    finally:
-        engine.dispose()
     click.echo(f"{report.republished} batches published, {report.expired} lost leases expired "
                f"({report.dead} of them now dead)")
 
@@ -255,26 +238,20 @@ def requeue(run_name, lease_s, max_attempts, database_url, redis_url) -> None:
 @redis_option
 def retry(run_name, failed, dead, database_url, redis_url) -> None:
     """Queue again, on request, what failed (never automatic)."""
-    from ledger.db import make_engine, make_sessionmaker
     from ledger.dispatch import make_celery
-    from ledger.objects import ObjectStore
 
     from .retry import retry_dead, retry_failed
 
     if not (failed or dead):
         raise click.UsageError("say what to retry: --failed and/or --dead")
     settings = _settings(database_url, redis_url)
-    engine = make_engine(settings)
     app = make_celery(settings)
-    try:
-        sessions = make_sessionmaker(engine)
+    with ledger(settings) as sessions:
         if dead:
             click.echo(f"{retry_dead(sessions, app, run_name)} dead batches queued again")
         if failed:
-            r = retry_failed(sessions, app, ObjectStore(max_attempts=settings.s3_max_attempts), run_name)
+            r = retry_failed(sessions, app, store(settings), run_name)
             click.echo(f"{r.failed_samples} failed samples queued again in {r.new_batches} new batches")
-    finally:
-        engine.dispose()
 
 
 @main.command()
@@ -285,7 +262,7 @@ def retry(run_name, failed, dead, database_url, redis_url) -> None:
 @redis_option
 def metrics(port: int, address: str, queues: tuple[str, ...], database_url: str | None, redis_url: str | None) -> None:
     """Serve Prometheus metrics computed from the ledger and the broker on each scrape."""
-    from .metrics import serve
+    from .monitoring.metrics import serve
 
     click.echo(f"regen metrics on http://{address}:{port}/metrics")
     sys.exit(serve(_settings(database_url, redis_url), port=port, addr=address, queues=queues))
@@ -300,23 +277,16 @@ def metrics(port: int, address: str, queues: tuple[str, ...], database_url: str 
 @db_option
 def clean(run_name: str, delete_ledger: bool, yes: bool, force: bool, database_url: str | None) -> None:
     """Delete a run's objects (its whole output prefix) and, with --ledger, its ledger rows."""
-    from ledger.db import make_engine, make_sessionmaker
-    from ledger.objects import ObjectStore
-
     from .clean import clean_run, describe_plan, plan_clean
 
     settings = _settings(database_url)
-    engine = make_engine(settings)
-    try:
-        sessions = make_sessionmaker(engine)
-        store = ObjectStore(max_attempts=settings.s3_max_attempts)
+    with ledger(settings) as sessions:
+        objects = store(settings)
         if not yes:
-            click.echo(describe_plan(plan_clean(sessions, store, run_name), delete_ledger=delete_ledger))
+            click.echo(describe_plan(plan_clean(sessions, objects, run_name), delete_ledger=delete_ledger))
             click.echo("nothing deleted: add --yes to delete")
             return
-        report = clean_run(sessions, store, run_name, delete_ledger=delete_ledger, force=force)
-    finally:
-        engine.dispose()
+        report = clean_run(sessions, objects, run_name, delete_ledger=delete_ledger, force=force)
     click.echo(f"run {run_name}: {report.objects_deleted:,} objects deleted, ledger rows "
                + ("deleted" if report.ledger_deleted else "kept"))
 
@@ -324,28 +294,23 @@ def clean(run_name: str, delete_ledger: bool, yes: bool, force: bool, database_u
 @main.command()
 @click.option("--run", "run_name", required=True)
 @click.option("--force", is_flag=True, help="continue even though the quality gate would pause the run again")
-@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True)
+@click.option("--lease-s", type=float, default=DEFAULT_LEASE_S, show_default=True)
 @db_option
 @redis_option
 def resume(run_name: str, force: bool, lease_s: float, database_url: str | None, redis_url: str | None) -> None:
     """Continue a run paused by the quality gate (after a human looked at `regen report`)."""
-    from ledger.db import make_engine, make_sessionmaker
     from ledger.dispatch import make_celery
     from ledger.quality import resume_run
     from ledger.reconcile import requeue as do_requeue
 
     settings = _settings(database_url, redis_url)
-    engine = make_engine(settings)
-    try:
-        sessions = make_sessionmaker(engine)
+    with ledger(settings) as sessions:
         with sessions.begin() as s:
             result = resume_run(s, run_name, force)
         click.echo(result.message)
         if result.status == "active":
             report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s)
             click.echo(f"{report.republished} queued batches published again")
-    finally:
-        engine.dispose()
 
 
 @main.command()
@@ -356,18 +321,11 @@ def resume(run_name: str, force: bool, lease_s: float, database_url: str | None,
 @db_option
 def report(run_name: str, out_dir: str, max_shards: int, database_url: str | None) -> None:
     """An HTML report with plots: lengths, finish reasons, quality classes, loss-mask token counts."""
-    from ledger.db import make_engine, make_sessionmaker
-    from ledger.objects import ObjectStore
-
-    from .report import write_report
+    from .results.report import write_report
 
     settings = _settings(database_url)
-    engine = make_engine(settings)
-    try:
-        path = write_report(make_sessionmaker(engine), ObjectStore(max_attempts=settings.s3_max_attempts), run_name,
-                            out_dir, max_shards=max_shards or None)
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions:
+        path = write_report(sessions, store(settings), run_name, out_dir, max_shards=max_shards or None)
     click.echo(f"report: {path}")
 
 
@@ -382,24 +340,17 @@ def report(run_name: str, out_dir: str, max_shards: int, database_url: str | Non
 @db_option
 def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer, database_url) -> None:
     """Training-ready data: messages (Parquet) or tokens (speculators/SpecForge JSONL), with a manifest."""
-    from ledger.db import make_engine, make_sessionmaker
-    from ledger.objects import ObjectStore
-
-    from .export import export_run
+    from .results.export import export_run
 
     settings = _settings(database_url)
-    engine = make_engine(settings)
-    try:
-        manifest = export_run(make_sessionmaker(engine), ObjectStore(max_attempts=settings.s3_max_attempts),
-                              list(run_names), fmt, out_dir, include_all=include_all, include=tuple(include),
-                              shard_rows=shard_size, tokenizer=tokenizer)
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions:
+        manifest = export_run(sessions, store(settings), list(run_names), fmt, out_dir, include_all=include_all,
+                              include=tuple(include), shard_rows=shard_size, tokenizer=tokenizer)
     click.echo(f"export: {manifest.path}")
 
 
 def _register_estimate() -> None:
-    from .estimate_cli import estimate_command
+    from .estimate.command import estimate_command
 
     main.add_command(estimate_command, "estimate")
 

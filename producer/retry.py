@@ -13,11 +13,13 @@ from celery import Celery
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.dispatch import BatchMessage, publish_batch
-from ledger.errors import ConfigError
-from ledger.models import Batch, Run
+from ledger import transitions
+from ledger.dispatch import BatchMessage, publish_messages
+from ledger.models import Batch
 from ledger.objects import ObjectStore
+from ledger.runs import find_run
 from ledger.shards import decode_shard, encode_shard, input_shard_url
+from ledger.states import BatchStatus
 
 
 @dataclass
@@ -27,25 +29,14 @@ class RetryReport:
     new_batches: int = 0
 
 
-def _run(session: Session, name: str) -> Run:
-    run = session.scalar(select(Run).where(Run.name == name))
-    if run is None:
-        raise ConfigError(f"no run named {name!r}")
-    return run
-
-
 def retry_dead(sessions: sessionmaker[Session], app: Celery, run_name: str) -> int:
     with sessions.begin() as s:
-        run = _run(s, run_name)
-        rows = s.execute(text(
-            "UPDATE batches SET status = 'queued', failures = 0, enqueued_at = now() "
-            "WHERE run_id = :run AND status = 'dead' RETURNING id, seq, input_key"), {"run": run.id}).all()
+        run = find_run(s, run_name)
+        rows = transitions.revive_dead(s, run.id)
         if rows:
-            s.execute(text("UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'"),
-                      {"run": run.id})
-    for r in rows:
-        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key),
-                      queue=run.queue)
+            transitions.reactivate_run(s, run.id)
+    publish_messages(app, [BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key)
+                           for r in rows], queue=run.queue)
     return len(rows)
 
 
@@ -53,7 +44,7 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
     """Move every failed sample into new batches (new input shards, new keys) and enqueue them."""
     report = RetryReport()
     with sessions() as s:
-        run = _run(s, run_name)
+        run = find_run(s, run_name)
         failed = s.execute(text(
             "SELECT s.sample_id, b.input_key FROM samples s JOIN batches b ON b.id = s.batch_id "
             "WHERE s.run_id = :run AND s.status = 'failed' ORDER BY b.seq, s.sample_id"), {"run": run.id}).all()
@@ -74,19 +65,13 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
         key = input_shard_url(run.output_url, seq)
         store.put(key, encode_shard(chunk))
         with sessions.begin() as s:
-            batch = Batch(run_id=run.id, seq=seq, status="queued", input_key=key, n_samples=len(chunk), attempts=0)
-            s.add(batch)
-            s.flush()
-            s.execute(text(
-                "UPDATE samples SET status = 'pending', batch_id = :batch, error = NULL, quality = NULL, updated_at = now() "
-                "WHERE run_id = :run AND sample_id = ANY(:ids) AND status = 'failed'"),
-                {"batch": batch.id, "run": run.id, "ids": [r["sample_id"] for r in chunk]})
-            s.execute(text("UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'"),
-                      {"run": run.id})
-            published.append((batch.id, seq, key))
+            [batch_id] = transitions.insert_batches(s, run.id, [(seq, key, len(chunk))],
+                                                    status=BatchStatus.QUEUED)
+            transitions.retry_samples(s, run.id, batch_id, [r["sample_id"] for r in chunk])
+            transitions.reactivate_run(s, run.id)
+            published.append((batch_id, seq, key))
         report.failed_samples += len(chunk)
-    for batch_id, seq, key in published:
-        publish_batch(app, BatchMessage(run=run.name, run_id=run.id, batch_id=batch_id, seq=seq, input_key=key),
-                      queue=run.queue)
+    publish_messages(app, [BatchMessage(run=run.name, run_id=run.id, batch_id=batch_id, seq=seq, input_key=key)
+                           for batch_id, seq, key in published], queue=run.queue)
     report.new_batches = len(published)
     return report

@@ -30,21 +30,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from celery import Celery
-from kombu.exceptions import KombuError
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.dispatch import TASK_NAME, BatchMessage
+from ledger import transitions
+from ledger.dispatch import PUBLISH_PIPELINE, BatchMessage, publish_messages
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
+from ledger.runs import RunRecord, get_run
 from ledger.shards import encode_shard, input_shard_url, run_manifest_url
-from ledger.states import BatchStatus, RunStatus
+from ledger.states import BatchStatus
 
-from .normalize import normalize_row
-from .readers import iter_rows
+from .dataset.normalize import normalize_row
+from .dataset.readers import iter_rows
 from .run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ UPLOAD_THREADS = 8
 #: Groups read ahead of the one being written: the reader never waits for S3, and memory
 #: holds at most this many groups plus the one in the writer.
 GROUPS_AHEAD = 1
-#: Redis commands per pipelined round trip when publishing (kombu's Producer.batch).
-PUBLISH_PIPELINE = 1000
 DUPLICATE_REASON = "duplicate_id"
 
 
@@ -98,12 +97,10 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
                       batch_size: int, quality_thresholds: dict | None = None) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
-        run = Run(name=name, model=config.model, sampling=config.as_record(), config_hash=config.hash,
-                  output_url=output_url.rstrip("/"), queue=queue, batch_size=batch_size,
-                  status=RunStatus.ACTIVE.value, provenance={"model_files": config.model_files},
-                  quality_thresholds=quality_thresholds)
-        session.add(run)
-        session.flush()
+        run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
+                                  config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
+                                  batch_size=batch_size, provenance={"model_files": config.model_files},
+                                  quality_thresholds=quality_thresholds)
         return run, True
     if run.config_hash != config.hash:
         diffs = []
@@ -144,7 +141,7 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
 class _Submitter:
     """Plans groups on the calling (reader) thread and writes them, in order, on one writer thread."""
 
-    def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: Run,
+    def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: RunRecord,
                  report: SubmitReport):
         self.sessions, self.app, self.store, self.run, self.report = sessions, app, store, run, report
         with sessions() as s:
@@ -224,15 +221,11 @@ class _Submitter:
         with self.report.timed("encode_and_upload"):
             list(self._uploads.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
-            batch_ids = self._insert_batches(s, planned)
-            raw = s.connection().connection.driver_connection
-            with raw.cursor() as cur, cur.copy(
-                "COPY samples (run_id, sample_id, batch_id, source_file, source_row, status) FROM STDIN"
-            ) as copy:
-                for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True):
-                    for r in rows:
-                        copy.write_row((self.run.id, r["sample_id"], batch_id, r["source"]["file"],
-                                        r["source"]["row"], "pending"))
+            batch_ids = transitions.insert_batches(s, self.run.id,
+                                                   [(seq, key, len(rows)) for seq, key, rows in planned])
+            transitions.copy_pending_samples(s, self.run.id, (
+                (r["sample_id"], batch_id, r["source"]["file"], r["source"]["row"])
+                for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True) for r in rows))
             self._write_rejects(s, rejects)
         with self._ids_lock:
             for _, _, rows in planned:
@@ -241,18 +234,6 @@ class _Submitter:
         self.report.batches_new += len(planned)
         self.report.samples_new += sum(len(p[2]) for p in planned)
         self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned, strict=True)])
-
-    def _insert_batches(self, s: Session, planned: list[tuple[int, str, list[dict]]]) -> list[int]:
-        """Every batch of the group in one statement; their ids in ``planned`` order."""
-        rows = s.execute(text(
-            "INSERT INTO batches (run_id, seq, status, input_key, n_samples, attempts, failures) "
-            "SELECT :run, seq, :status, key, n, 0, 0 "
-            "FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:ns AS int[])) AS t(seq, key, n) "
-            "RETURNING id, seq"),
-            {"run": self.run.id, "status": BatchStatus.PLANNED.value, "seqs": [p[0] for p in planned],
-             "keys": [p[1] for p in planned], "ns": [len(p[2]) for p in planned]}).all()
-        by_seq = {r.seq: r.id for r in rows}
-        return [by_seq[seq] for seq, _, _ in planned]
 
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
@@ -277,9 +258,7 @@ class _Submitter:
         with self.report.timed("publish"):
             publish_messages(self.app, messages, queue=self.run.queue)
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
-            s.execute(update(Batch).where(Batch.id.in_([b[0] for b in batches]),
-                                          Batch.status == BatchStatus.PLANNED.value)
-                      .values(status=BatchStatus.QUEUED.value, enqueued_at=func.now()))
+            transitions.mark_published(s, [b[0] for b in batches])
 
     def republish_planned(self) -> int:
         with self.sessions() as s:
@@ -288,32 +267,6 @@ class _Submitter:
         for i in range(0, len(rows), PUBLISH_PIPELINE):
             self.publish([(r.id, r.seq, r.input_key) for r in rows[i:i + PUBLISH_PIPELINE]])
         return len(rows)
-
-
-def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, attempts: int = 3) -> None:
-    """Publish task messages in pipelined round trips: what ``publish_batch`` sends, several times faster.
-
-    kombu's ``Producer.batch`` buffers the Redis commands of each ``send_task`` (the
-    task's LPUSH and the PUBLISH of Flower's task-sent event) and sends them as one
-    pipeline per PUBLISH_PIPELINE commands. A failed round trip leaves delivery
-    uncertain, so the whole list is sent again: a message delivered twice is harmless
-    (the second claim acknowledges without generating), a lost one is not.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
-                for message in messages:
-                    kwargs = message.kwargs()
-                    # Given reprs: Celery would otherwise saferepr() every message (a fifth of the cost).
-                    app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, producer=producer, argsrepr="()",
-                                  kwargsrepr=repr(kwargs))
-            return
-        except (KombuError, OSError) as e:
-            if attempt == attempts:
-                raise
-            log.warning("publishing %d messages failed (%s); attempt %d of %d in %ds", len(messages), e,
-                        attempt + 1, attempts, attempt)
-            time.sleep(attempt)
 
 
 def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,
@@ -334,7 +287,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
         if not lock_conn.execute(text("SELECT pg_try_advisory_lock(8151, :r)"), {"r": run_id}).scalar():
             raise ConfigError(f"another submit of run {run_name!r} is in progress")
         with sessions() as s:
-            run = s.get(Run, run_id)
+            run = get_run(s, run_id)
         if created:
             store.put(run_manifest_url(run.output_url), encode_manifest(run))
         submitter = _Submitter(sessions, app, store, run, report)
@@ -345,8 +298,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
             submitter.close()
         if report.batches_new or report.batches_republished:
             with sessions.begin() as s:
-                s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.FINISHED.value)
-                          .values(status=RunStatus.ACTIVE.value))
+                transitions.reactivate_run(s, run_id)
     finally:
         # Unlock explicitly: close() returns the connection to the pool, and a session-level
         # advisory lock would stay with it, refusing the next submit of this run in this process.
@@ -389,7 +341,7 @@ def _stream_into_batches(submitter: _Submitter, samples: Iterator[dict], rejects
                                           - timings.get("reader_waits_for_writer", 0.0), 3)
 
 
-def encode_manifest(run: Run) -> bytes:
+def encode_manifest(run: RunRecord) -> bytes:
     import json
 
     return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling,

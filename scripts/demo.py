@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from ledger.local_s3 import LocalS3, start_local_s3
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,22 +60,13 @@ def check_services(env: dict) -> None:
                  "or set REDIS_URL=redis://host:port/db")
 
 
-def start_moto(env: dict) -> subprocess.Popen | None:
+def start_moto(env: dict) -> LocalS3 | None:
     if env.get("AWS_ENDPOINT_URL"):
         return None
-    port = 5055
-    while port_open("127.0.0.1", port):
-        port += 1
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(100):
-        if port_open("127.0.0.1", port):
-            break
-        time.sleep(0.2)
-    env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo",
-               AWS_DEFAULT_REGION="us-east-1")
+    server = start_local_s3()
+    env.update(server.env())
     print(f"no AWS_ENDPOINT_URL set: started a local moto S3 server on {env['AWS_ENDPOINT_URL']}")
-    return proc
+    return server
 
 
 def main() -> None:
@@ -144,7 +137,7 @@ def main() -> None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=120)
         if moto is not None:
-            moto.terminate()
+            moto.stop()
 
 
 if __name__ == "__main__":

@@ -3,5 +3,5 @@
 Service fixtures live in their own modules under tests/ and are loaded here as plugins.
 """
 
-pytest_plugins = ["tests.s3_fixtures", "tests.service_fixtures", "tests.model_fixtures", "tests.worker_fixtures",
-                  "tests.engine_fixtures", "tests.fault_report"]
+pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.services", "tests.fixtures.model", "tests.fixtures.worker",
+                  "tests.fixtures.engine", "tests.fixtures.fault_report"]

@@ -1,0 +1,20 @@
+"""The GPU side: the Celery worker that turns batch messages into committed output shards.
+
+The batch path, in order::
+
+    launcher.py      regen worker: one process per GPU group, supervised
+    process.py       one worker process: Celery consumer, threads pool (runtime.py: its state,
+                     heartbeats, the reconciler; options.py: every setting and its default)
+    tasks.py         the Celery task: thin, takes ids
+    batch_task.py    one delivery, claim to commit:
+      batch_ledger.py  claim (fenced by attempt), heartbeat, release, fail, commit
+      generation.py    the batch on the shared engine (engine.py), each conversation turn by turn,
+                       once admission.py's gate lets it in (oldest batch first, engine kept full)
+        dialogue.py    on-policy regeneration of one conversation
+        rendering.py   the model's own chat template, to token ids
+        parsing.py     generated text back to an assistant message
+      then the output shard to S3 and batch_ledger.py's commit
+
+Beside it: probe.py (the engine half of ``regen estimate``), engine_args.py (``--engine-arg``
+pairs), and tiny/ (the offline tiny model for the demo and the tests).
+"""

@@ -5,6 +5,9 @@ write of that attempt says ``WHERE attempts = :attempt AND status = 'running'``.
 A stale attempt (its worker was presumed dead, or the broker redelivered the
 message after its visibility timeout) therefore can never overwrite a newer
 record: its commit finds no row and it acknowledges without writing.
+
+The statements themselves, fences included, are ledger/transitions.py's (the one
+module that writes a status); this module adds the worker's retries and outcomes.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from enum import Enum
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from ledger import transitions
 from ledger.db import retry_db
+from ledger.runs import run_of_batch
 from ledger.states import BatchStatus, RunStatus
 
 
@@ -32,39 +37,24 @@ class ClaimOutcome(str, Enum):
 class Claim:
     outcome: ClaimOutcome
     attempt: int = 0
+    #: The run's ``RunRecord.for_worker()``: the dict the batch path takes.
     run: dict | None = None
-
-
-_CLAIM = text("""
-UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :worker,
-       started_at = now(), heartbeat_at = now(), finished_at = NULL, error = NULL
-FROM runs r
-WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
-  AND (b.status IN ('planned', 'queued')
-       OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)))
-RETURNING b.attempts
-""")
 
 
 def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
     def tx() -> Claim:
         with sessions.begin() as s:
-            row = s.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s}).first()
-            info = s.execute(text(
-                "SELECT b.status, r.id AS run_id, r.name, r.model, r.sampling, r.output_url, r.provenance, "
-                "r.status AS run_status, r.config_hash, r.quality_thresholds FROM batches b JOIN runs r ON r.id = b.run_id "
-                "WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
-            if info is None:
+            attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s)
+            found = run_of_batch(s, batch_id)
+            if found is None:
                 return Claim(ClaimOutcome.MISSING)
-            run = {"id": info["run_id"], "name": info["name"], "model": info["model"],
-                   "sampling": info["sampling"], "output_url": info["output_url"],
-                   "provenance": info["provenance"] or {}, "config_hash": info["config_hash"],
-                   "quality_thresholds": info["quality_thresholds"]}
-            if row is not None:
-                return Claim(ClaimOutcome.CLAIMED, attempt=row[0], run=run)
-            if info["status"] in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+            batch_status, record = found
+            run = record.for_worker()
+            if attempt is not None:
+                return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run)
+            if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
                 return Claim(ClaimOutcome.ALREADY_DONE, run=run)
-            if info["run_status"] == RunStatus.PAUSED.value:
+            if record.status == RunStatus.PAUSED.value:
                 return Claim(ClaimOutcome.RUN_PAUSED, run=run)
             return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
 
@@ -88,10 +78,7 @@ def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, 
     """Give a batch back (shutdown, paused run): queued again, attempt kept as history."""
     def tx() -> None:
         with sessions.begin() as s:
-            s.execute(text(
-                "UPDATE batches SET status = 'queued', worker = NULL, heartbeat_at = NULL, error = :reason, "
-                "enqueued_at = now() WHERE id = :batch AND attempts = :attempt AND status = 'running'"),
-                {"batch": batch_id, "attempt": attempt, "reason": reason})
+            transitions.release(s, batch_id, attempt, reason=reason)
     retry_db(tx, what=f"release batch {batch_id}", max_wait_s=20)
 
 
@@ -100,13 +87,9 @@ def fail_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, 
     """Record a failed attempt: ``dead`` once failures reach ``max_attempts``, else back to ``queued``."""
     def tx() -> BatchStatus:
         with sessions.begin() as s:
-            row = s.execute(text(
-                "UPDATE batches SET failures = failures + 1, "
-                "status = CASE WHEN failures + 1 >= :max THEN 'dead' ELSE 'queued' END, "
-                "error = :error, worker = NULL, heartbeat_at = NULL, finished_at = now(), enqueued_at = now() "
-                "WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING status"),
-                {"batch": batch_id, "attempt": attempt, "error": error[:2000], "max": max_attempts}).first()
-        return BatchStatus(row[0]) if row else BatchStatus.RUNNING
+            status = transitions.fail(s, batch_id, attempt, error=error, max_attempts=max_attempts)
+        # Fenced off: another attempt holds the batch, which is still running as far as this one knows.
+        return BatchStatus.RUNNING if status is None else status
     return retry_db(tx, what=f"fail batch {batch_id}")
 
 
@@ -129,27 +112,15 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
             # Serialise commits of one run: the "run finished" check below must see
             # every other batch's commit, or two last batches both miss it.
             s.execute(text("SELECT 1 FROM runs WHERE id = :run FOR UPDATE"), {"run": run_id})
-            done = s.execute(text(
-                "UPDATE batches SET status = 'done', finished_at = now(), heartbeat_at = now(), "
-                "output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, "
-                "error = NULL WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING id"),
-                {"batch": batch_id, "attempt": attempt, "key": output_key, "sha": output_sha256,
-                 "pt": prompt_tokens, "ct": completion_tokens}).first()
-            if done is None:
+            if not transitions.mark_done(s, batch_id, attempt, output_key=output_key, output_sha256=output_sha256,
+                                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
                 return False
-            s.execute(text(
-                "UPDATE samples SET status = :status, finish_reason = :finish, stop_reason = :stop, turns = :turns, "
-                "prompt_tokens = :pt, completion_tokens = :ct, reasoning_tokens = :rt, answer_tokens = :at, "
-                "tool_calls = :tc, output_key = :key, error = :error, quality = :quality, updated_at = now() "
-                "WHERE run_id = :run AND sample_id = :sid AND status <> 'done'"), sample_params)
+            transitions.record_samples(s, sample_params)
             if provenance:
                 # The run record names the engine and chat template its first batch used.
                 s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
                                "CAST(:prov AS jsonb) WHERE id = :run AND NOT coalesce(provenance, '{}'::jsonb) "
                                "? 'chat_template_sha256'"), {"run": run_id, "prov": json.dumps(provenance)})
-            s.execute(text(
-                "UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND NOT EXISTS "
-                "(SELECT 1 FROM batches WHERE run_id = :run AND status NOT IN ('done', 'dead'))"),
-                {"run": run_id})
+            transitions.finish_run_if_drained(s, run_id)
             return True
     return retry_db(tx, what=f"commit batch {batch_id}")

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from ledger.dispatch import DEFAULT_QUEUE
+from ledger.orphans import die_with_parent
 
 log = logging.getLogger("regen.launcher")
 
@@ -124,18 +125,6 @@ class _Child:
     log_lines: list[str] = field(default_factory=list)
 
 
-def _term_when_parent_dies() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies (Linux PR_SET_PDEATHSIG).
-
-    The worker process (worker/process.py) also watches the launcher's pid, for
-    platforms without prctl and for the case where the launcher died before this ran.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def _kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -154,7 +143,7 @@ class Launcher:
         # batches back and stops its engine, instead of claiming work and holding a GPU unsupervised.
         env = {**child.plan.env, LAUNCHER_PID_ENV: str(os.getpid())}
         child.proc = subprocess.Popen(list(child.plan.argv), env=env, start_new_session=True,
-                                      preexec_fn=_term_when_parent_dies)
+                                      preexec_fn=die_with_parent)
         child.started_at = time.monotonic()
         log.info("started %s (pid %d, devices %s)", child.plan.name, child.proc.pid,
                  ",".join(child.plan.devices) or "cpu")

@@ -6,13 +6,17 @@ flags take their defaults from these fields. Light on purpose: the CLI imports i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.dispatch import DEFAULT_QUEUE
-from ledger.errors import ConfigError
-from ledger.reconcile import DEFAULT_MAX_ATTEMPTS, QUEUED_GRACE_S
+from ledger.defaults import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_RECONCILE_S,
+    QUEUED_GRACE_S,
+)
 
 from .admission import batches_to_hold
 
@@ -30,12 +34,12 @@ class WorkerOptions:
     #: A running batch whose heartbeat is older than this is presumed lost and may be
     #: claimed again: 6 missed heartbeats, so a GC pause or a slow ledger is no crash,
     #: while a dead node's batches are back in work within lease + reconcile_s (< 60 s).
-    lease_s: float = 30.0
-    heartbeat_s: float = 5.0
+    lease_s: float = DEFAULT_LEASE_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
     #: Failed attempts before a batch is declared dead (never retried in a loop).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
-    reconcile_s: float = 10.0
+    reconcile_s: float = DEFAULT_RECONCILE_S
     #: A queued batch is republished by the reconciler only when the broker holds no
     #: message at all and the batch has waited this long (its message may be in flight).
     requeue_grace_s: float = QUEUED_GRACE_S
@@ -44,16 +48,3 @@ class WorkerOptions:
         """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
         return self.concurrency if self.concurrency > 0 else batches_to_hold(max_num_seqs)
 
-
-def parse_engine_args(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs (``--engine-arg``); values are JSON when they parse (numbers, booleans), else strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--engine-arg expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except ValueError:
-            out[key.replace("-", "_")] = value
-    return out

@@ -38,9 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ledger.errors import ConfigError
+
 from .engine import EngineHost, engine_defaults
+from .engine_args import parse_engine_args
 from .generation import generate_batch
-from .options import parse_engine_args
 from .rendering import Renderer
 
 log = logging.getLogger("regen.probe")
@@ -275,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     if not samples:
         print("probe: no samples to generate", file=sys.stderr)
         return 2
-    result = run_probe(samples, run, parse_engine_args(args.engine_arg), in_flight=args.in_flight)
+    try:
+        engine_args = parse_engine_args(args.engine_arg)
+    except ConfigError as e:
+        print(f"probe: {e}", file=sys.stderr)
+        return 2
+    result = run_probe(samples, run, engine_args, in_flight=args.in_flight)
     write_json_atomically(args.out, result)
     log.info("probe: %d samples, %d output tokens in %.1f s (%.0f tok/s)", len(samples),
              result["output_tokens"], result["wall_s"], result["tokens_per_s"] or 0)

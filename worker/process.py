@@ -24,8 +24,9 @@ from ledger.dispatch import make_celery
 from ledger.settings import Settings
 
 from .engine import expected_max_num_seqs
+from .engine_args import parse_engine_args
 from .launcher import LAUNCHER_PID_ENV
-from .options import WorkerOptions, parse_engine_args
+from .options import WorkerOptions
 from .runtime import WorkerRuntime
 from .tasks import register_tasks
 

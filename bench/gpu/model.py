@@ -24,7 +24,7 @@ QWEN3_8B_SHAPES = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_
 
 
 def build(out_dir: str | Path) -> Path:
-    from worker.tiny_model import build_tiny_model
+    from worker.tiny.model import build_tiny_model
 
     out = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
     args = p.parse_args(argv)
-    from worker.options import parse_engine_args
+    from worker.engine_args import parse_engine_args
 
     started = time.perf_counter()
     on_cpu = args.gpus == "none"

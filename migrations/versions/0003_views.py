@@ -119,7 +119,7 @@ GROUP BY date_trunc('hour', b.finished_at), b.worker
 # Everything that did not become a good sample, per run and reason code:
 #   sample_failed  samples.error is "code: detail" (worker/generation.py); grouped by code
 #   batch_dead     batches that reached the failure limit; grouped by the start of their error
-#   rejected       input rows that never became samples (producer/reasons.py codes)
+#   rejected       input rows that never became samples (producer/dataset/reasons.py codes)
 #   duplicate      rows whose id repeated an earlier row's (the first one won)
 FAILURES_BY_REASON = """
 CREATE VIEW failures_by_reason AS

@@ -12,9 +12,9 @@ import time
 import pytest
 import redis as redis_lib
 
-from tests.fault_report import account
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, running_on, settled, write_prompts
-from tests.helpers import cli_env, run_cli, wait_for
+from tests.fixtures.fault_report import account
+from tests.support.helpers import cli_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

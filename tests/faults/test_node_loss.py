@@ -14,9 +14,9 @@ import time
 import pytest
 from sqlalchemy import text
 
-from tests.fault_report import account
 from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
-from tests.helpers import cli_env, run_cli, wait_for
+from tests.fixtures.fault_report import account
+from tests.support.helpers import cli_env, run_cli, wait_for
 from worker.options import WorkerOptions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

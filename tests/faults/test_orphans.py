@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.faults.farm import running_on, write_prompts
-from tests.helpers import cli_env, run_cli, wait_for
+from tests.support.helpers import cli_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

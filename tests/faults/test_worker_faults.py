@@ -24,12 +24,12 @@ from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import TASK_NAME, make_celery
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
-from tests.fault_report import account
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
-from tests.helpers import ROOT, run_cli, wait_for
-from tests.s3_fault_proxy import FaultProxy
-from tests.service_fixtures import REDIS_URL
-from tests.worker_fixtures import TEST_ENGINE_ENV, WorkerProc
+from tests.fixtures.fault_report import account
+from tests.fixtures.services import REDIS_URL
+from tests.fixtures.worker import TEST_ENGINE_ENV, WorkerProc
+from tests.support.helpers import ROOT, run_cli, wait_for
+from tests.support.s3_fault_proxy import FaultProxy
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

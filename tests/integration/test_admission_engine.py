@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from producer.normalize import normalize_row
+from producer.dataset.normalize import normalize_row
 from worker.admission import AdmissionGate, admission_level
 
 pytestmark = pytest.mark.engine

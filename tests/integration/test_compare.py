@@ -9,10 +9,10 @@ import pytest
 
 from ledger.objects import ObjectStore
 from ledger.states import BatchStatus
-from producer.estimate import save_estimate
-from producer.status import run_status
-from tests.helpers import ROOT, cli_env, run_cli, status_json, wait_for
+from producer.estimate.estimator import save_estimate
+from producer.monitoring.status import run_status
 from tests.integration.test_estimate import run_estimate
+from tests.support.helpers import ROOT, cli_env, run_cli, status_json, wait_for
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 

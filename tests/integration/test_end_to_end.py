@@ -10,7 +10,7 @@ import redis as redis_lib
 from sqlalchemy import text
 
 from ledger.objects import ObjectStore
-from tests.helpers import ROOT, cli_env, input_rows, output_rows, run_cli, status_json, wait_for
+from tests.support.helpers import ROOT, cli_env, input_rows, output_rows, run_cli, status_json, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

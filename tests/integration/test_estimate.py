@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ledger.objects import ObjectStore
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 pytestmark = [pytest.mark.engine]
 
@@ -18,12 +18,8 @@ SAMPLE = ROOT / "data" / "sample"
 
 
 def estimate_argv(args: list[str]) -> list[str]:
-    """``regen estimate ARGS``, through its own module until producer/cli.py registers the command."""
-    from producer.cli import main
-
-    if "estimate" in main.commands:
-        return [sys.executable, "-m", "producer.cli", "estimate", *args]
-    return [sys.executable, "-m", "producer.estimate_cli", *args]
+    """``regen estimate ARGS``."""
+    return [sys.executable, "-m", "producer.cli", "estimate", *args]
 
 
 def run_estimate(args: list[str], env: dict[str, str], *, check: bool = True) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ import pytest
 from ledger.errors import ChecksumMismatch, ConfigError
 from ledger.objects import ObjectStore
 from ledger.shards import decode_shard, encode_shard, output_shard_url
-from producer.export import export_run
-from tests import finished_run as fr
+from producer.results.export import export_run
+from tests.support import finished_run as fr
 
 CONVERSATIONS = [
     fr.ok("s01"), fr.ok("s02", "b.jsonl", 4), fr.ok("s03", words=40), fr.ok("s04"), fr.ok("s05", "b.jsonl", 9),
@@ -235,7 +235,7 @@ def test_bad_requests_are_refused_before_anything_is_written(sessions, store, ru
 def test_rows_generated_by_the_engine_are_classified_and_exported_for_the_consumers(
         sessions, store, s3_bucket, engine_host, renderer, tmp_path):
     from ledger.quality import CLASSES, Thresholds, classify_sample
-    from producer.normalize import normalize_row
+    from producer.dataset.normalize import normalize_row
     from worker.generation import generate_batch
 
     sample_dir = Path(__file__).resolve().parents[2] / "data" / "sample"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ledger.hashing import sample_seed
-from producer.normalize import normalize_row
+from producer.dataset.normalize import normalize_row
 
 pytestmark = pytest.mark.engine
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from tests.faults.farm import write_prompts
-from tests.helpers import cli_env, run_cli, status_json, wait_for
+from tests.support.helpers import cli_env, run_cli, status_json, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

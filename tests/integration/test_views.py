@@ -22,10 +22,10 @@ from ledger import migrate
 from ledger.db import make_engine
 from ledger.errors import ConfigError
 from ledger.settings import Settings
-from producer.status import run_status
-from producer.watch import watch_status
-from tests.helpers import ROOT
-from tests.service_fixtures import ADMIN_DSN
+from producer.monitoring.status import run_status
+from producer.monitoring.watch import watch_status
+from tests.fixtures.services import ADMIN_DSN
+from tests.support.helpers import ROOT
 
 SQL_DOC = ROOT / "docs" / "sql.md"
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc)

@@ -7,8 +7,8 @@ import statistics
 from collections import Counter
 
 from bench.prompts import lognormal_lengths, scale_lines, throughput_rows, write_scale_dataset
-from producer.normalize import normalize_row
-from producer.readers import iter_rows
+from producer.dataset.normalize import normalize_row
+from producer.dataset.readers import iter_rows
 
 
 def test_output_budgets_are_long_tailed_with_the_requested_mean_and_cap():

@@ -8,11 +8,11 @@ import random
 import pytest
 
 from ledger.errors import ConfigError
-from producer import estimate_math as em
-from producer.estimate import EstimateOptions, ThroughputChoice, build_estimate, hand_estimate
-from producer.estimate_compare import compare
-from producer.estimate_render import render_compare, render_estimate
-from producer.estimate_sample import allocate, chars_bucket, draw_sample, generations_in, turn_bucket
+from producer.estimate import arithmetic as em
+from producer.estimate.compare import compare
+from producer.estimate.estimator import EstimateOptions, ThroughputChoice, build_estimate, hand_estimate
+from producer.estimate.render import render_compare, render_estimate
+from producer.estimate.sample import allocate, chars_bucket, draw_sample, generations_in, turn_bucket
 from producer.run_config import RunConfig
 
 CONFIG = RunConfig(model="/models/m", max_tokens=512, sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20,

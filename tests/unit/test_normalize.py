@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ledger.errors import InputRowError
-from producer import normalize, reasons
-from producer.normalize import content_hash_id, normalize_row
-from producer.readers import iter_rows
+from producer.dataset import normalize, reasons
+from producer.dataset.normalize import content_hash_id, normalize_row
+from producer.dataset.readers import iter_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "sample"

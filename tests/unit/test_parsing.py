@@ -9,7 +9,7 @@ import pytest
 
 from worker.parsing import parse_tool_calls, split_reasoning
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "worker" / "templates" / "qwen3_chat.jinja"
+TEMPLATE = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates" / "qwen3_chat.jinja"
 
 
 # --- split_reasoning ---------------------------------------------------------------------

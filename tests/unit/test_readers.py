@@ -14,8 +14,8 @@ import pytest
 import zstandard
 
 from ledger.errors import ConfigError
-from producer import readers
-from producer.readers import RawRow, iter_input_paths, iter_rows
+from producer.dataset import readers
+from producer.dataset.readers import RawRow, iter_input_paths, iter_rows
 
 USER = {"role": "user", "content": "hi"}
 
@@ -305,7 +305,7 @@ def test_parquet_is_streamed_not_loaded_whole(tmp_path):
 
 
 def test_the_producer_readers_import_neither_torch_nor_vllm():
-    code = ("import sys, producer.readers, producer.normalize; "
+    code = ("import sys, producer.dataset.readers, producer.dataset.normalize; "
             "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from worker import tiny_model
+from worker.tiny import model as tiny_model
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -214,7 +214,7 @@ def test_an_unknown_variant_is_refused(tmp_path):
 
 
 def examples(count: int, seed: int = 0, **kwargs):
-    from worker import tiny_data
+    from worker.tiny import data as tiny_data
 
     rng = random.Random(seed)
     return [tiny_data.synthetic_example(rng, **kwargs) for _ in range(count)]
@@ -245,7 +245,7 @@ def test_answer_lengths_are_long_tailed():
 
 
 def test_a_rendered_example_is_the_generation_prompt_then_the_turn(tokenizer):
-    from worker import tiny_data
+    from worker.tiny import data as tiny_data
 
     for ex in examples(60):
         ids, prompt_len = tiny_data.render_example(tokenizer, ex)
@@ -259,7 +259,7 @@ def test_a_rendered_example_is_the_generation_prompt_then_the_turn(tokenizer):
 
 
 def test_stub_examples_always_answer_ok(tokenizer):
-    from worker import tiny_data
+    from worker.tiny import data as tiny_data
 
     for ex in examples(30, stub=True):
         ids, prompt_len = tiny_data.render_example(tokenizer, ex)
@@ -270,7 +270,7 @@ def test_stub_examples_always_answer_ok(tokenizer):
 def test_training_is_deterministic_for_a_seed(tokenizer):
     import torch
 
-    from worker import tiny_training
+    from worker.tiny import training as tiny_training
 
     plan = tiny_training.TrainingPlan(steps=3, batch_tokens=1024, warmup_steps=1)
     first = tiny_training.train_model(tokenizer, variant="trained", seed=0, plan=plan).state_dict()

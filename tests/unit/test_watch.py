@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from producer.watch import (
+from producer.monitoring.watch import (
     CLEAR_BELOW,
     DONE_CELL,
     FAILED_CELL,
@@ -27,7 +27,7 @@ NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 
 
 def status(**over) -> dict:
-    """A run as producer.status.run_status reports it: 1,000 samples, 600 done, 64 in flight."""
+    """A run as producer.monitoring.status.run_status reports it: 1,000 samples, 600 done, 64 in flight."""
     run = {
         "name": "qwen-r1", "model": "/models/Qwen3-27B", "status": "active", "status_reason": None,
         "output": "s3://bucket/regen/qwen-r1", "queue": "regen", "config_hash": "abc", "created_at": "x",

@@ -3,7 +3,7 @@
 Plain ANSI escapes (home, clear to end of line/screen, colours), no curses: it works
 in any terminal, over ssh and in tmux, and piping it to a file gives one plain
 frame per refresh. ``render_watch`` is a pure function of the status dicts of
-``producer.status.run_status`` (tested with a fixed dict); ``watch`` is the loop.
+``producer.monitoring.status.run_status`` (tested with a fixed dict); ``watch`` is the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from ledger.errors import ConfigError
+from ledger.errors import ConfigError, RunNotFound
 from ledger.settings import Settings
 
 from .status import RECENT_WINDOW_S
@@ -211,7 +211,7 @@ def watch_status(settings: Settings, run_name: str | None = None, *, interval_s:
 
     try:
         if run_name is not None and not fetch():
-            raise ConfigError(f"no run named {run_name!r}")
+            raise RunNotFound(run_name)
         out = out if out is not None else sys.stdout
         color = out.isatty() and "NO_COLOR" not in os.environ
         return watch(fetch, interval_s=interval_s, out=out, color=color, iterations=iterations)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledger.errors import InputRowError
+from ledger.errors import InputRowError, RegenError
 
 
-class LoneSurrogate(ValueError):
+class LoneSurrogate(RegenError, ValueError):
     """The JSON text escapes half of a surrogate pair, which is not a character."""
 
 

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ledger.runs import list_runs
 from ledger.states import BatchStatus, SampleStatus
 
 #: Window for "recent throughput": long enough to smooth over hour-long batches
@@ -23,16 +24,11 @@ def _counts(session: Session, sql: str, run_id: int) -> dict[str, int]:
 
 
 def run_status(session: Session, run_name: str | None = None) -> list[dict]:
-    params: dict = {}
-    where = ""
-    if run_name is not None:
-        where, params = "WHERE name = :name", {"name": run_name}
-    runs = session.execute(text(f"SELECT id, name, model, status, status_reason, created_at, output_url, "
-                                f"config_hash, queue FROM runs {where} ORDER BY id"), params).mappings().all()
+    runs = list_runs(session, run_name)
     now = datetime.now(timezone.utc)
     out = []
     for run in runs:
-        rid = run["id"]
+        rid = run.id
         samples = {s.value: 0 for s in SampleStatus}
         samples.update(_counts(session, "SELECT status, count(*) FROM samples WHERE run_id = :run GROUP BY status",
                                rid))
@@ -72,14 +68,14 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
         remaining = samples["pending"]
         samples_per_s = recent[1] / window_s if recent[2] else 0.0
         out.append({
-            "name": run["name"],
-            "model": run["model"],
-            "status": run["status"],
-            "status_reason": run["status_reason"],
-            "output": run["output_url"],
-            "queue": run["queue"],
-            "config_hash": run["config_hash"],
-            "created_at": run["created_at"].isoformat(),
+            "name": run.name,
+            "model": run.model,
+            "status": run.status,
+            "status_reason": run.status_reason,
+            "output": run.output_url,
+            "queue": run.queue,
+            "config_hash": run.config_hash,
+            "created_at": run.created_at.isoformat(),
             "samples": samples,
             # Pending samples of running batches: being generated right now.
             "samples_in_flight": sum(int(w["samples"] or 0) for w in workers),

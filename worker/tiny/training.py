@@ -3,7 +3,7 @@
 Deterministic for a seed on a given machine and library versions: the data
 comes from a seeded generator, the step count is fixed (never a wall-clock
 budget) and torch runs with a fixed thread count, so the same seed gives the
-same weights, and ``tiny_model.build_key`` can cache the result.
+same weights, and ``worker.tiny.model.build_key`` can cache the result.
 
 Only the last assistant turn carries loss. Masking the prompt matters: when
 thinking is off the prompt ends with an empty think block, and if the model
@@ -19,8 +19,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from . import tiny_data
-from .tiny_model import model_config
+from . import data as tiny_data
+from .architecture import model_config
 
 log = logging.getLogger(__name__)
 

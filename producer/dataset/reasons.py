@@ -45,7 +45,7 @@ REASONS: dict[str, str] = {
     UNSUPPORTED_CONTENT: "a non-text content part (image, audio) or a non-function tool or tool call",
     INVALID_TOOL_ARGUMENTS: "a tool call's arguments (or a ShareGPT function_call value) are not a JSON object",
     INVALID_TOOLS: "tools is not a list of function specs (unparsable JSON string, spec without a name)",
-    ID_TOO_LONG: "the row's id is longer than the limit (see producer.normalize.MAX_ID_CHARS)",
-    TOO_LARGE: "the line or conversation exceeds a size limit (see producer.normalize and producer.readers)",
+    ID_TOO_LONG: "the row's id is longer than the limit (see producer.dataset.normalize.MAX_ID_CHARS)",
+    TOO_LARGE: "the line or conversation exceeds a size limit (see producer.dataset.normalize and producer.dataset.readers)",
     DUPLICATE_ID: "another row of the run already has this sample id (the first one wins)",
 }

@@ -6,7 +6,7 @@ Accepted input:
   name?, tool_call_id?}``; roles system, developer (taken as system), user,
   assistant, tool. ``content`` is a string, a list of text parts (joined with
   "\\n", as vLLM joins them), or null on an assistant turn (becomes "").
-* ShareGPT form: ``conversations`` of ``{from, value}`` (see producer.sharegpt).
+* ShareGPT form: ``conversations`` of ``{from, value}`` (see producer.dataset.sharegpt).
   When a row has both, ``messages`` wins.
 * Either form: ``tools`` (a list of function specs, or a JSON string of one; bare
   ``{name, description, parameters}`` specs are wrapped as ``{"type": "function",
@@ -81,7 +81,7 @@ def normalize_row(obj: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         InputRowError: the row cannot become a sample; ``reason`` is one of
-            :data:`producer.reasons.REASONS`, ``detail`` names the field and turn.
+            :data:`producer.dataset.reasons.REASONS`, ``detail`` names the field and turn.
     """
     if not isinstance(obj, dict):
         raise InputRowError(reasons.NOT_AN_OBJECT, f"row is {describe(obj)}, expected an object")

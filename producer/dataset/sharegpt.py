@@ -1,7 +1,7 @@
 """ShareGPT turns (``{"from", "value"}``) to OpenAI-style messages, one message per turn.
 
 The output still holds raw values (a ``value`` of the wrong type, arguments as a
-JSON string): :func:`producer.normalize.normalize_messages` checks and normalises
+JSON string): :func:`producer.dataset.normalize.normalize_messages` checks and normalises
 them next, naming ``conversations[i]`` in its details. Keeping one message per
 turn is what lets those details point at the right turn.
 

@@ -1,15 +1,15 @@
 """``regen estimate``: how many tokens, engine-hours and days a run will take, before it runs.
 
-1. Stream the dataset once and draw a stratified random sample (producer/estimate_sample.py).
+1. Stream the dataset once and draw a stratified random sample (producer/estimate/sample.py).
 2. Generate the sample on the real engine with the run's exact config, in a subprocess
    (``python -m worker.probe``: the producer never imports vLLM), or reuse a probe's
    results file.
-3. Extrapolate (producer/estimate_math.py): total output tokens = Σ over strata of
+3. Extrapolate (producer/estimate/arithmetic.py): total output tokens = Σ over strata of
    population × mean tokens; engine-hours = tokens / tokens-per-s; wall-clock on G
    engines = work / G + drain and spread allowances; 95% stratified-bootstrap intervals.
 
 The result is a JSON document (keys in docs/estimate.md), rendered as text by
-producer/estimate_render.py. Saved as ``<output>/estimate.json`` in the run's S3
+producer/estimate/render.py. Saved as ``<output>/estimate.json`` in the run's S3
 prefix, ``regen estimate --compare RUN`` later puts the actual figures beside it.
 """
 
@@ -29,9 +29,9 @@ from typing import Any
 from ledger.errors import ConfigError, RegenError
 from ledger.objects import ObjectStore, join_key
 
-from . import estimate_math as em
-from .estimate_sample import DrawnSample, draw_sample
-from .run_config import RunConfig
+from ..run_config import RunConfig
+from . import arithmetic as em
+from .sample import DrawnSample, draw_sample
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
         log.info("probe: %s", " ".join(argv))
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=options.probe_timeout_s,
-                                  cwd=Path(__file__).resolve().parents[1], env=os.environ.copy())
+                                  cwd=Path(__file__).resolve().parents[2], env=os.environ.copy())
         except subprocess.TimeoutExpired as e:
             raise ProbeError(f"the probe took longer than {options.probe_timeout_s:.0f} s") from e
         if proc.returncode != 0 or not out_path.exists():

@@ -13,7 +13,7 @@ from pathlib import Path
 from ledger.objects import ObjectStore
 from ledger.shards import decode_shard
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_env(settings, s3_env: dict[str, str]) -> dict[str, str]:

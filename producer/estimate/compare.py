@@ -19,41 +19,38 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ledger.errors import ConfigError
+from ledger.runs import find_run
 
-from . import estimate_math as em
+from . import arithmetic as em
 
 
 def actual_from_ledger(session: Session, run_name: str) -> dict[str, Any]:
     """What run ``run_name`` took, from its samples and batches.
 
     Raises:
-        ConfigError: no run of that name.
+        RunNotFound: no run of that name.
     """
-    run = session.execute(text("SELECT id, name, output_url, status, config_hash FROM runs WHERE name = :n"),
-                          {"n": run_name}).mappings().first()
-    if run is None:
-        raise ConfigError(f"no run named {run_name!r}")
+    run = find_run(session, run_name)
     counts = session.execute(text(
         "SELECT count(*) FILTER (WHERE status = 'done') AS done, count(*) FILTER (WHERE status = 'failed') AS failed, "
         "count(*) FILTER (WHERE status = 'pending') AS pending, coalesce(sum(completion_tokens), 0) AS tokens, "
         "coalesce(sum(reasoning_tokens), 0) AS reasoning, coalesce(sum(answer_tokens), 0) AS answer, "
         "count(*) FILTER (WHERE finish_reason = 'length') AS truncated FROM samples WHERE run_id = :run"),
-        {"run": run["id"]}).mappings().one()
+        {"run": run.id}).mappings().one()
     batches = session.execute(text(
         "SELECT worker, extract(epoch FROM started_at) AS s, extract(epoch FROM finished_at) AS f FROM batches "
         "WHERE run_id = :run AND status = 'done' AND started_at IS NOT NULL AND finished_at IS NOT NULL"),
-        {"run": run["id"]}).all()
+        {"run": run.id}).all()
     intervals = [(b.worker or "?", float(b.s), float(b.f)) for b in batches]
     engine_s = em.engine_busy_seconds(intervals)
     wall_s = (max(f for _, _, f in intervals) - min(s for _, s, _ in intervals)) if intervals else 0.0
     finished = int(counts["done"]) + int(counts["failed"])
     tokens = int(counts["tokens"])
     return {
-        "run": run["name"],
-        "status": run["status"],
-        "output_url": run["output_url"],
-        "config_hash": run["config_hash"],
+        "run": run.name,
+        "status": run.status,
+        "output_url": run.output_url,
+        "config_hash": run.config_hash,
         "rows": finished + int(counts["pending"]),
         "finished": finished,
         "pending": int(counts["pending"]),

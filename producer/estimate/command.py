@@ -6,10 +6,11 @@ import json
 
 import click
 
-from ledger.errors import ConfigError, RegenError
-from ledger.settings import Settings
+from ledger.errors import ConfigError
 
-from .estimate_math import GPU_BANDWIDTH_TBPS
+from ..cli_common import ledger, run_config_from, run_config_options, store
+from ..cli_common import settings as _settings
+from .arithmetic import GPU_BANDWIDTH_TBPS
 
 _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
 
@@ -21,13 +22,7 @@ _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
               help="conversations to generate (stratified random sample)")
 @click.option("--gpus", "engines", type=int, default=1, show_default=True,
               help="engines the run will have (one per GPU, or per tensor-parallel group)")
-@click.option("--max-tokens", type=int, default=2048, show_default=True)
-@click.option("--temperature", type=float, default=None, help="default: the model's generation_config.json")
-@click.option("--top-p", type=float, default=None)
-@click.option("--top-k", type=int, default=None)
-@click.option("--seed", type=int, default=None, help="run seed, as for submit (same seeds, same generations)")
-@click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True)
-@click.option("--thinking-off-share", type=float, default=None)
+@run_config_options
 @click.option("--tokens-per-s", type=float, default=None,
               help="what-if: output tokens/s of one engine measured elsewhere (replaces the probe's timing)")
 @click.option("--gpu-type", type=_GPU, default=None,
@@ -58,16 +53,12 @@ def estimate_command(**opts) -> None:
     config, and extrapolates with 95% bootstrap intervals. With --compare RUN, prints
     the estimate saved for RUN against what the run took.
     """
-    try:
-        _estimate(opts)
-    except RegenError as e:
-        # Also when run on its own (python -m producer.estimate_cli), not only under regen's group.
-        raise click.ClickException(str(e)) from e
+    _estimate(opts)
 
 
 def _estimate(o: dict) -> None:
-    from .estimate import EstimateOptions, ThroughputChoice, estimate, hand_estimate
-    from .estimate_render import render_estimate
+    from .estimator import EstimateOptions, ThroughputChoice, estimate, hand_estimate
+    from .render import render_estimate
 
     if o["compare_run"]:
         _compare(o["compare_run"], o["as_json"], o["database_url"])
@@ -82,11 +73,7 @@ def _estimate(o: dict) -> None:
     else:
         if not o["paths"] or not o["model"]:
             raise click.UsageError("give the data files and --model (or --compare RUN)")
-        from .run_config import build_run_config
-
-        config = build_run_config(o["model"], max_tokens=o["max_tokens"], temperature=o["temperature"],
-                                  top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], thinking=o["thinking"],
-                                  thinking_off_share=o["thinking_off_share"])
+        config = run_config_from(o["model"], o)
         options = EstimateOptions(sample_size=o["sample_size"], engines=o["engines"], draw_seed=o["draw_seed"],
                                   throughput=choice, engine_args=tuple(o["engine_args"]),
                                   in_flight=o["in_flight"], probe_results=o["probe_results"])
@@ -102,57 +89,35 @@ def _estimate(o: dict) -> None:
         click.echo(f"\nsaved to {saved}: after the run, `regen estimate --compare RUN` puts the actuals beside it")
 
 
-def _settings(database_url: str | None) -> Settings:
-    return Settings.from_env(database_url=database_url)
-
-
 def _run_output(session, run_name: str) -> str:
-    from sqlalchemy import text
+    from ledger.runs import find_run
 
-    url = session.execute(text("SELECT output_url FROM runs WHERE name = :n"), {"n": run_name}).scalar()
-    if url is None:
-        raise ConfigError(f"no run named {run_name!r}")
-    return url
+    return find_run(session, run_name).output_url
 
 
 def _save(doc: dict, output_url: str | None, save_as: str | None, database_url: str | None) -> str:
-    from ledger.objects import ObjectStore
-
-    from .estimate import save_estimate
+    from .estimator import save_estimate
 
     settings = _settings(database_url)
     if save_as:
-        from ledger.db import make_engine, make_sessionmaker
-
-        engine = make_engine(settings)
-        try:
-            with make_sessionmaker(engine)() as session:
-                run_output = _run_output(session, save_as)
-        finally:
-            engine.dispose()
+        with ledger(settings) as sessions, sessions() as session:
+            run_output = _run_output(session, save_as)
         if output_url and output_url.rstrip("/") != run_output:
             raise ConfigError(f"run {save_as!r} writes to {run_output}, not {output_url}")
         output_url = run_output
     assert output_url is not None
-    return save_estimate(ObjectStore(max_attempts=settings.s3_max_attempts), output_url, doc)
+    return save_estimate(store(settings), output_url, doc)
 
 
 def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
-    from ledger.db import make_engine, make_sessionmaker
-    from ledger.objects import ObjectStore
-
-    from .estimate import estimate_url, load_estimate
-    from .estimate_compare import actual_from_ledger, compare
-    from .estimate_render import render_compare
+    from .compare import actual_from_ledger, compare
+    from .estimator import estimate_url, load_estimate
+    from .render import render_compare
 
     settings = _settings(database_url)
-    engine = make_engine(settings)
-    try:
-        with make_sessionmaker(engine)() as session:
-            actual = actual_from_ledger(session, run_name)
-    finally:
-        engine.dispose()
-    saved = load_estimate(ObjectStore(max_attempts=settings.s3_max_attempts), actual["output_url"])
+    with ledger(settings) as sessions, sessions() as session:
+        actual = actual_from_ledger(session, run_name)
+    saved = load_estimate(store(settings), actual["output_url"])
     if saved is None:
         raise ConfigError(f"run {run_name!r} has no saved estimate at {estimate_url(actual['output_url'])}; "
                           "save one with `regen estimate ... --output <the run's output>` (or --save-as RUN)")
@@ -162,6 +127,3 @@ def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
     else:
         click.echo(render_compare(result))
 
-
-if __name__ == "__main__":  # until producer/cli.py registers it: python -m producer.estimate_cli
-    estimate_command()

@@ -26,9 +26,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger.objects import ObjectStore
 from ledger.quality import CLASSES, judge
+from ledger.runs import RunRecord, find_run
 
 from . import report_plots
-from .outputs import RunInfo, committed_samples, load_run, read_shards, row_quality, sample_status_counts
+from .outputs import committed_samples, read_shards, row_quality, sample_status_counts
 
 #: Output shards read for per-generation figures: 200 batches of 64 is ~13K samples,
 #: plenty for shares and examples, and minutes rather than hours of S3 reads on a 1M run.
@@ -70,7 +71,7 @@ def write_report(sessions: sessionmaker[Session], store: ObjectStore, run_name: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with sessions() as session:
-        run = load_run(session, run_name)
+        run = find_run(session, run_name)
         figures = _Figures(statuses=sample_status_counts(session, run.id))
         shards = _ledger_figures(session, run, figures)
     _shard_figures(store, run, shards, max_shards, figures)
@@ -99,7 +100,7 @@ def write_report(sessions: sessionmaker[Session], store: ObjectStore, run_name: 
     return index
 
 
-def _ledger_figures(session: Session, run: RunInfo, figures: _Figures) -> dict[str, str | None]:
+def _ledger_figures(session: Session, run: RunRecord, figures: _Figures) -> dict[str, str | None]:
     """Per-sample figures from the ledger; returns the committed output shards (url -> sha256)."""
     shards: dict[str, str | None] = {}
     for row in committed_samples(session, run.id):
@@ -119,7 +120,7 @@ def _ledger_figures(session: Session, run: RunInfo, figures: _Figures) -> dict[s
     return shards
 
 
-def _shard_figures(store: ObjectStore, run: RunInfo, shards: dict[str, str | None], max_shards: int | None,
+def _shard_figures(store: ObjectStore, run: RunRecord, shards: dict[str, str | None], max_shards: int | None,
                    figures: _Figures) -> None:
     ordered = sorted(shards.items())
     figures.shards_total = len(ordered)
@@ -184,7 +185,7 @@ def _percentiles(values: array) -> dict[str, int]:
     return {f"p{p}": int(v) for p, v in zip(PERCENTILES, found, strict=True)}
 
 
-def _numbers(run: RunInfo, f: _Figures) -> dict[str, Any]:
+def _numbers(run: RunRecord, f: _Figures) -> dict[str, Any]:
     committed = sum(f.classes.values())
     done = len(f.loss_tokens)
     classified = {c: f.classes[c] for c in CLASSES if f.classes[c]}

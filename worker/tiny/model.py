@@ -2,10 +2,10 @@
 
 Nothing here downloads anything. The tokenizer is a byte-level BPE trained in a
 second on a synthetic corpus, the chat template is regen's own Qwen3-style
-template (``worker/templates/qwen3_chat.jinja``), and the weights are either
+template (``worker/tiny/templates/qwen3_chat.jinja``), and the weights are either
 random (``variant="random"``) or briefly trained on synthetic conversations so
 the model thinks, calls tools and stops (``"trained"``, ``"stub"``; see
-``worker/tiny_training.py``).
+``worker/tiny/training.py``).
 
 Every build is deterministic for a given seed: the same seed writes the same
 files byte for byte, so a built directory can be cached by a content key.
@@ -26,8 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from . import tiny_data
-from .tiny_data import IDENTIFIERS, WORDS
+from . import data as tiny_data
+from .architecture import generation_config, model_config, random_model
+from .data import IDENTIFIERS, WORDS
 
 Variant = Literal["random", "trained", "stub"]
 VARIANTS: tuple[str, ...] = ("random", "trained", "stub")
@@ -160,55 +161,6 @@ def train_tokenizer(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE):
     )
 
 
-def model_config(tokenizer, *, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 2,
-                 num_kv_heads: int = 1, intermediate_size: int = 256):
-    """The Qwen3 config of the tiny model.
-
-    head_dim stays 64: vLLM's CPU attention needs head_dim >= 32, and 64 is what
-    its kernels are tuned for. 8 K positions fit the longest outputs we test.
-    """
-    from transformers import Qwen3Config
-
-    im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    return Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=64,
-        max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        tie_word_embeddings=True,
-        bos_token_id=eot,
-        eos_token_id=im_end,
-        pad_token_id=eot,
-        dtype="bfloat16",
-    )
-
-
-def random_model(config, seed: int = 0):
-    """A Qwen3ForCausalLM with seeded random weights, in bfloat16."""
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    return model.to(torch.bfloat16).eval()
-
-
-def generation_config(tokenizer):
-    """Qwen3's recommended sampling for thinking mode; both end tokens stop generation."""
-    from transformers import GenerationConfig
-
-    im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    return GenerationConfig(
-        bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot,
-        do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
-    )
-
-
 def save_model_dir(out_dir: Path, model, tokenizer, marker: dict) -> None:
     """Write the model, tokenizer (template embedded in tokenizer_config.json) and marker."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -231,7 +183,7 @@ def build_key(variant: str, seed: int) -> str:
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest = hashlib.sha256()
     here = Path(__file__).parent
-    for path in (here / "tiny_model.py", here / "tiny_data.py", here / "tiny_training.py", TEMPLATE_PATH):
+    for path in (here / "model.py", here / "architecture.py", here / "data.py", here / "training.py", TEMPLATE_PATH):
         if path.exists():
             digest.update(path.read_bytes())
     digest.update(json.dumps({"variant": variant, "seed": seed, **versions}, sort_keys=True).encode())
@@ -284,7 +236,7 @@ def _build_files(tmp: Path, variant: str, seed: int, key: str) -> None:
     if variant == "random":
         model = random_model(model_config(tokenizer), seed)
     else:
-        from . import tiny_training  # torch training code, only needed for these variants
+        from . import training as tiny_training  # torch training code, only needed for these variants
 
         model = tiny_training.train_model(tokenizer, variant=variant, seed=seed)
     save_model_dir(tmp, model, tokenizer, {"variant": variant, "seed": seed, "key": key})

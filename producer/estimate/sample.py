@@ -30,8 +30,8 @@ from typing import Any
 
 from ledger.errors import InputRowError
 
-from .normalize import normalize_row
-from .readers import iter_rows
+from ..dataset.normalize import normalize_row
+from ..dataset.readers import iter_rows
 
 #: Upper bounds of the turn-count buckets (generations per conversation); the last is open.
 TURN_BUCKETS = (1, 2, 4, 8)

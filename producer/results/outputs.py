@@ -12,13 +12,12 @@ import concurrent.futures
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ledger.errors import ChecksumMismatch, ConfigError
+from ledger.errors import ChecksumMismatch
 from ledger.objects import ObjectStore
 from ledger.quality import Thresholds, classify_sample
 from ledger.shards import decode_shard
@@ -27,31 +26,6 @@ from ledger.shards import decode_shard
 #: shard in flight holds its bytes (tens of MB for long completions) in memory.
 FETCH_THREADS = 4
 FETCH_AHEAD = 8
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    id: int
-    name: str
-    model: str
-    sampling: dict
-    config_hash: str
-    output_url: str
-    status: str
-    status_reason: str | None
-    thresholds: Thresholds
-
-
-def load_run(session: Session, name: str) -> RunInfo:
-    """Raises ConfigError when there is no run called ``name``."""
-    row = session.execute(text(
-        "SELECT id, name, model, sampling, config_hash, output_url, status, status_reason, quality_thresholds "
-        "FROM runs WHERE name = :name"), {"name": name}).mappings().first()
-    if row is None:
-        raise ConfigError(f"no run named {name!r}")
-    return RunInfo(id=row["id"], name=row["name"], model=row["model"], sampling=row["sampling"] or {},
-                   config_hash=row["config_hash"], output_url=row["output_url"], status=row["status"],
-                   status_reason=row["status_reason"], thresholds=Thresholds.from_json(row["quality_thresholds"]))
 
 
 #: One committed sample, as the ledger describes it (the columns every reader needs).

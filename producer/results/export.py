@@ -32,9 +32,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from ledger.errors import ConfigError, ShardError
 from ledger.objects import ObjectStore
 from ledger.quality import BAD_CLASSES, CLASSES, Quality
+from ledger.runs import RunRecord, find_run
 
 from .export_rows import load_decoder, message_row, messages_schema, token_rows
-from .outputs import RunInfo, committed_samples, load_run, read_shards, row_quality, sample_status_counts
+from .outputs import committed_samples, read_shards, row_quality, sample_status_counts
 
 FORMATS = ("messages", "tokens")
 #: Rows per shard. Messages: ~10K conversations is a few hundred MB of Parquet. Tokens: a
@@ -107,7 +108,7 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         raise ConfigError(f"{out} is not empty: export into a new directory")
 
     with sessions() as session:
-        runs = [load_run(session, name) for name in run_names]
+        runs = [find_run(session, name) for name in run_names]
         hashes = {run.config_hash for run in runs}
         if len(hashes) > 1:
             listing = ", ".join(f"{run.name}={run.config_hash[:12]}" for run in runs)
@@ -196,7 +197,7 @@ def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_
     return dict(plan), shas, (shard + 1 if plan else 0)
 
 
-def _spill_rows(spill: Path, fmt: str, runs: list[RunInfo], wanted: dict[str, _Wanted], rows: list[dict],
+def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, _Wanted], rows: list[dict],
                 kept: set[str], decode, tally: _Tally) -> None:
     """Turn the wanted rows of one output shard into export rows, appended to their shards' spill files."""
     lines: dict[int, list[dict]] = defaultdict(list)

@@ -1,0 +1,101 @@
+"""The run record: one shape for a row of ``runs``, read one way, and one error for a missing run.
+
+Commands and workers read a run by name or id here and get a frozen ``RunRecord``;
+only creating a run and changing its status go through the ORM and
+ledger/transitions.py. A name that matches no run raises ``RunNotFound`` (a
+``ConfigError``: the command line named it, see ledger/errors.py), which the CLI reports
+like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .errors import RunNotFound
+from .quality import Thresholds
+
+_COLUMNS = ("id, name, model, sampling, config_hash, output_url, queue, batch_size, status, status_reason, "
+            "provenance, quality_thresholds, created_at")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A row of ``runs`` (docs/ledger.md describes each column)."""
+
+    id: int
+    name: str
+    model: str
+    sampling: dict
+    config_hash: str
+    output_url: str
+    queue: str
+    batch_size: int
+    status: str
+    status_reason: str | None
+    provenance: dict
+    #: The stored overrides of the quality gate (None: the defaults); ``thresholds`` is what they make.
+    quality_thresholds: dict | None
+    created_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any] | Any) -> RunRecord:
+        """From a mapping of the columns (a SQL row's ``_mapping``, a dict) or an ORM ``Run``."""
+        get = row.get if isinstance(row, Mapping) else lambda key: getattr(row, key)
+        return cls(id=get("id"), name=get("name"), model=get("model"), sampling=get("sampling") or {},
+                   config_hash=get("config_hash"), output_url=get("output_url"), queue=get("queue"),
+                   batch_size=get("batch_size"), status=get("status"), status_reason=get("status_reason"),
+                   provenance=get("provenance") or {}, quality_thresholds=get("quality_thresholds"),
+                   created_at=get("created_at"))
+
+    @cached_property
+    def thresholds(self) -> Thresholds:
+        """Read once per record: report and export classify every row with it."""
+        return Thresholds.from_json(self.quality_thresholds)
+
+    def for_worker(self) -> dict:
+        """What a worker's batch needs of its run, as the dict the batch path takes (worker/batch_task.py)."""
+        return {"id": self.id, "name": self.name, "model": self.model, "sampling": self.sampling,
+                "output_url": self.output_url, "provenance": self.provenance, "config_hash": self.config_hash,
+                "quality_thresholds": self.quality_thresholds}
+
+
+def find_run(session: Session, name: str, *, for_update: bool = False) -> RunRecord:
+    """The run called ``name``; ``for_update`` also takes its row lock (as commits do).
+
+    Raises:
+        RunNotFound: no run has this name.
+    """
+    lock = " FOR UPDATE" if for_update else ""
+    row = session.execute(text(f"SELECT {_COLUMNS} FROM runs WHERE name = :name{lock}"),
+                          {"name": name}).mappings().first()
+    if row is None:
+        raise RunNotFound(name)
+    return RunRecord.from_row(row)
+
+
+def list_runs(session: Session, name: str | None = None) -> list[RunRecord]:
+    """Every run, oldest first, or only the one called ``name`` (an empty list if there is none)."""
+    where, params = ("WHERE name = :name", {"name": name}) if name is not None else ("", {})
+    rows = session.execute(text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id"), params).mappings()
+    return [RunRecord.from_row(row) for row in rows]
+
+
+def get_run(session: Session, run_id: int) -> RunRecord | None:
+    """The run with this id, or None (deleted by ``regen clean --ledger``)."""
+    row = session.execute(text(f"SELECT {_COLUMNS} FROM runs WHERE id = :id"), {"id": run_id}).mappings().first()
+    return None if row is None else RunRecord.from_row(row)
+
+
+def run_of_batch(session: Session, batch_id: int) -> tuple[str, RunRecord] | None:
+    """The batch's status and its run, or None when there is no such batch."""
+    row = session.execute(text(
+        f"SELECT b.status AS batch_status, {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
+        "FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
+    return None if row is None else (row["batch_status"], RunRecord.from_row(row))

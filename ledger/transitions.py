@@ -1,0 +1,287 @@
+"""Every status write of the ledger: the transitions of ledger/states.py, carried out here only.
+
+The worker (claim, release, fail, commit), the reconciler (expired leases, republished
+batches), the quality gate (pause, resume), ``regen retry`` and ``regen submit`` call
+these functions; none of them writes a ``status`` column itself.
+tests/unit/test_transitions.py holds every statement below against the declared
+transitions and fails on a status write anywhere else.
+
+The SQL stays raw and each statement guards the status it leaves in its ``WHERE``:
+``WHERE attempts = :attempt AND status = 'running'`` is the fence that keeps a stale
+attempt from overwriting a newer one, and ``AND status = 'finished'`` is what makes
+reactivating a run a no-op on an active or paused one. Functions take a Session: the
+caller owns the transaction (and wraps it in ``retry_db`` where a worker must outlive
+a Postgres restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .models import Run
+from .states import BatchStatus, RunStatus, SampleStatus
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One status-writing statement: which table, from which statuses, to which.
+
+    ``source`` is empty for an insert (a new row starts in one of ``target``).
+    """
+
+    table: str
+    source: frozenset[str]
+    target: frozenset[str]
+    sql: str
+
+
+#: Every statement of this module that writes a status (the test reads this list).
+TRANSITIONS: list[Transition] = []
+
+
+def _transition(table: str, source: Iterable[str], target: Iterable[str], sql: str) -> Any:
+    TRANSITIONS.append(Transition(table, frozenset(source), frozenset(target), sql))
+    return text(sql)
+
+
+_P, _Q, _R, _D, _X = (BatchStatus.PLANNED.value, BatchStatus.QUEUED.value, BatchStatus.RUNNING.value,
+                      BatchStatus.DONE.value, BatchStatus.DEAD.value)
+_ACTIVE, _PAUSED, _FINISHED = RunStatus.ACTIVE.value, RunStatus.PAUSED.value, RunStatus.FINISHED.value
+
+# --- batches --------------------------------------------------------------------------------
+
+_INSERT_BATCHES = _transition("batches", (), (_P, _Q), """
+INSERT INTO batches (run_id, seq, status, input_key, n_samples, attempts, failures)
+SELECT :run, seq, :status, key, n, 0, 0
+FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:ns AS int[])) AS t(seq, key, n)
+RETURNING id, seq""")
+
+
+def insert_batches(session: Session, run_id: int, planned: Sequence[tuple[int, str, int]], *,
+                   status: BatchStatus = BatchStatus.PLANNED) -> list[int]:
+    """New batches, ``(seq, input_key, n_samples)`` each, in one statement; their ids in that order.
+
+    ``planned`` (submit: published after the commit, a crash leaves them for the next
+    submit) or ``queued`` (retry --failed: published right after its commit).
+    """
+    if status not in (BatchStatus.PLANNED, BatchStatus.QUEUED):
+        raise ValueError(f"a new batch cannot start {status.value}")
+    rows = session.execute(_INSERT_BATCHES, {
+        "run": run_id, "status": status.value, "seqs": [p[0] for p in planned], "keys": [p[1] for p in planned],
+        "ns": [p[2] for p in planned]}).all()
+    by_seq = {r.seq: r.id for r in rows}
+    return [by_seq[seq] for seq, _, _ in planned]
+
+
+_MARK_PUBLISHED = _transition("batches", (_P,), (_Q,), """
+UPDATE batches SET status = 'queued', enqueued_at = now() WHERE id = ANY(:ids) AND status = 'planned'""")
+
+
+def mark_published(session: Session, batch_ids: list[int]) -> None:
+    """Submit's batches whose messages are out: ``planned`` → ``queued``."""
+    session.execute(_MARK_PUBLISHED, {"ids": batch_ids})
+
+
+_MARK_REPUBLISHED = _transition("batches", (_P, _Q), (_Q,), """
+UPDATE batches SET status = 'queued', enqueued_at = now() WHERE id = ANY(:ids) AND status IN ('queued', 'planned')""")
+
+
+def mark_republished(session: Session, batch_ids: list[int]) -> None:
+    """The reconciler's batches given a new message: ``queued`` again, their wait restarted."""
+    session.execute(_MARK_REPUBLISHED, {"ids": batch_ids})
+
+
+_CLAIM = _transition("batches", (_P, _Q, _R), (_R,), """
+UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :worker,
+       started_at = now(), heartbeat_at = now(), finished_at = NULL, error = NULL
+FROM runs r
+WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
+  AND (b.status IN ('planned', 'queued')
+       OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
+           AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)))
+RETURNING b.attempts""")
+
+
+def claim(session: Session, batch_id: int, *, worker: str, lease_s: float) -> int | None:
+    """Take a batch (waiting, or running with an expired lease): the new attempt, or None if not taken."""
+    row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s}).first()
+    return None if row is None else row[0]
+
+
+_RELEASE = _transition("batches", (_R,), (_Q,), """
+UPDATE batches SET status = 'queued', worker = NULL, heartbeat_at = NULL, error = :reason, enqueued_at = now()
+WHERE id = :batch AND attempts = :attempt AND status = 'running'""")
+
+
+def release(session: Session, batch_id: int, attempt: int, *, reason: str) -> None:
+    """Give the attempt's batch back, ``queued``, without counting a failure (fenced)."""
+    session.execute(_RELEASE, {"batch": batch_id, "attempt": attempt, "reason": reason})
+
+
+_FAIL = _transition("batches", (_R,), (_Q, _X), """
+UPDATE batches SET failures = failures + 1,
+       status = CASE WHEN failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
+       error = :error, worker = NULL, heartbeat_at = NULL, finished_at = now(), enqueued_at = now()
+WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING status""")
+
+
+def fail(session: Session, batch_id: int, attempt: int, *, error: str, max_attempts: int) -> BatchStatus | None:
+    """A failed attempt: ``dead`` at ``max_attempts`` failures, else ``queued``; None if fenced off."""
+    row = session.execute(_FAIL, {"batch": batch_id, "attempt": attempt, "error": error[:2000],
+                                  "max": max_attempts}).first()
+    return None if row is None else BatchStatus(row[0])
+
+
+_DONE = _transition("batches", (_R,), (_D,), """
+UPDATE batches SET status = 'done', finished_at = now(), heartbeat_at = now(),
+       output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, error = NULL
+WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING id""")
+
+
+def mark_done(session: Session, batch_id: int, attempt: int, *, output_key: str, output_sha256: str,
+              prompt_tokens: int, completion_tokens: int) -> bool:
+    """The attempt's batch is ``done`` with its output shard; False if a newer attempt fenced it off."""
+    return session.execute(_DONE, {"batch": batch_id, "attempt": attempt, "key": output_key, "sha": output_sha256,
+                                   "pt": prompt_tokens, "ct": completion_tokens}).first() is not None
+
+
+_EXPIRE = _transition("batches", (_R,), (_Q, _X), """
+UPDATE batches b SET failures = b.failures + 1,
+       status = CASE WHEN b.failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
+       error = 'lease expired: worker ' || coalesce(b.worker, '?') || ' stopped heartbeating',
+       worker = NULL, heartbeat_at = NULL, enqueued_at = now()
+FROM runs r
+WHERE r.id = b.run_id AND b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
+  -- A lease expires only after the ledger has been up for a whole lease: heartbeats
+  -- cannot land while Postgres is down, and a restart must not condemn every batch.
+  AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)
+  AND (CAST(:run AS text) IS NULL OR r.name = :run)
+RETURNING b.id, b.status""")
+
+
+def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> list:
+    """Running batches without a heartbeat for ``lease_s``: a failed attempt each. Rows of (id, status)."""
+    return session.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": run}).all()
+
+
+_REVIVE_DEAD = _transition("batches", (_X,), (_Q,), """
+UPDATE batches SET status = 'queued', failures = 0, enqueued_at = now()
+WHERE run_id = :run AND status = 'dead' RETURNING id, seq, input_key""")
+
+
+def revive_dead(session: Session, run_id: int) -> list:
+    """``regen retry --dead``: every dead batch of the run ``queued`` with its failures reset."""
+    return session.execute(_REVIVE_DEAD, {"run": run_id}).all()
+
+
+# --- samples ---------------------------------------------------------------------------------
+
+
+def copy_pending_samples(session: Session, run_id: int, rows: Iterable[tuple[str, int, str, int]]) -> None:
+    """New samples, ``(sample_id, batch_id, source_file, source_row)`` each, ``pending``, by COPY."""
+    raw = session.connection().connection.driver_connection
+    with raw.cursor() as cur, cur.copy(_COPY_SAMPLES) as copy:
+        for sample_id, batch_id, source_file, source_row in rows:
+            copy.write_row((run_id, sample_id, batch_id, source_file, source_row, SampleStatus.PENDING.value))
+
+
+_COPY_SAMPLES = "COPY samples (run_id, sample_id, batch_id, source_file, source_row, status) FROM STDIN"
+TRANSITIONS.append(Transition("samples", frozenset(), frozenset({SampleStatus.PENDING.value}), _COPY_SAMPLES))
+
+# From pending only in practice: a failed sample is moved to a new batch before it runs again,
+# and its old batch, done, is fenced off. "<> 'done'" keeps a done sample from being overwritten.
+_RECORD_SAMPLES = _transition("samples", ("pending",), ("done", "failed"), """
+UPDATE samples SET status = :status, finish_reason = :finish, stop_reason = :stop, turns = :turns,
+       prompt_tokens = :pt, completion_tokens = :ct, reasoning_tokens = :rt, answer_tokens = :at,
+       tool_calls = :tc, output_key = :key, error = :error, quality = :quality, updated_at = now()
+WHERE run_id = :run AND sample_id = :sid AND status <> 'done'""")
+
+
+def record_samples(session: Session, params: list[dict]) -> None:
+    """A committed batch's samples, ``done`` or ``failed`` each (never a sample already done)."""
+    for p in params:
+        if p["status"] not in (SampleStatus.DONE.value, SampleStatus.FAILED.value):
+            raise ValueError(f"a committed sample is done or failed, not {p['status']!r}")
+    session.execute(_RECORD_SAMPLES, params)
+
+
+_RETRY_SAMPLES = _transition("samples", ("failed",), ("pending",), """
+UPDATE samples SET status = 'pending', batch_id = :batch, error = NULL, quality = NULL, updated_at = now()
+WHERE run_id = :run AND sample_id = ANY(:ids) AND status = 'failed'""")
+
+
+def retry_samples(session: Session, run_id: int, batch_id: int, sample_ids: list[str]) -> None:
+    """``regen retry --failed``: failed samples ``pending`` again, in a new batch."""
+    session.execute(_RETRY_SAMPLES, {"batch": batch_id, "run": run_id, "ids": sample_ids})
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+TRANSITIONS.append(Transition("runs", frozenset(), frozenset({_ACTIVE}), "Run(status='active') in new_run"))
+
+
+def new_run(session: Session, **columns: Any) -> Run:
+    """A new run row, ``active`` (flushed: its id is set)."""
+    run = Run(status=RunStatus.ACTIVE.value, **columns)
+    session.add(run)
+    session.flush()
+    return run
+
+
+_REACTIVATE = _transition("runs", (_FINISHED,), (_ACTIVE,), """
+UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'""")
+
+
+def reactivate_run(session: Session, run_id: int) -> None:
+    """A finished run that got new work (retry, a resubmit with new rows) is ``active`` again."""
+    session.execute(_REACTIVATE, {"run": run_id})
+
+
+_FINISH_IF_DRAINED = _transition("runs", (_ACTIVE,), (_FINISHED,), """
+UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND NOT EXISTS
+(SELECT 1 FROM batches WHERE run_id = :run AND status NOT IN ('done', 'dead')) RETURNING id""")
+
+
+def finish_run_if_drained(session: Session, run_id: int) -> bool:
+    """An active run with no batch left planned, queued or running is ``finished``. True if it was."""
+    return session.execute(_FINISH_IF_DRAINED, {"run": run_id}).first() is not None
+
+
+_PAUSE = _transition("runs", (_ACTIVE,), (_PAUSED,), """
+UPDATE runs SET status = 'paused', status_reason = :reason WHERE id = :run AND status = 'active' RETURNING id""")
+# Re-checks the override: a `regen resume --force` may land between the gate's evaluation and this.
+_PAUSE_UNLESS_OVERRIDDEN = _transition("runs", (_ACTIVE,), (_PAUSED,), """
+UPDATE runs SET status = 'paused', status_reason = :reason WHERE id = :run AND status = 'active'
+  AND coalesce((quality_thresholds ->> 'gate_overridden')::boolean, false) = false RETURNING id""")
+
+
+def pause_run(session: Session, run_id: int, reason: str, *, unless_overridden: bool = False) -> bool:
+    """Pause an active run with ``reason``; False if it was not active (or, if asked, the gate is overridden)."""
+    statement = _PAUSE_UNLESS_OVERRIDDEN if unless_overridden else _PAUSE
+    return session.execute(statement, {"run": run_id, "reason": reason[:2000]}).first() is not None
+
+
+_UNPAUSE = _transition("runs", (_PAUSED,), (_ACTIVE,), """
+UPDATE runs SET status = 'active', status_reason = NULL, gate_checked_at = NULL WHERE id = :run AND status = 'paused'
+RETURNING id""")
+_UNPAUSE_OVERRIDDEN = _transition("runs", (_PAUSED,), (_ACTIVE,), """
+UPDATE runs SET status = 'active', status_reason = NULL, gate_checked_at = NULL,
+       quality_thresholds = coalesce(quality_thresholds, '{}'::jsonb) || '{"gate_overridden": true}'
+WHERE id = :run AND status = 'paused' RETURNING id""")
+
+
+def unpause_run(session: Session, run_id: int, *, override_gate: bool) -> RunStatus | None:
+    """A paused run ``active`` again, or ``finished`` if its last batches committed while it was paused.
+
+    Call it holding the run's row lock (``SELECT ... FOR UPDATE``), as commits do. ``override_gate``
+    records ``gate_overridden`` so the gate does not pause the run again. None if the run was not paused.
+    """
+    statement = _UNPAUSE_OVERRIDDEN if override_gate else _UNPAUSE
+    if session.execute(statement, {"run": run_id}).first() is None:
+        return None
+    return RunStatus.FINISHED if finish_run_if_drained(session, run_id) else RunStatus.ACTIVE

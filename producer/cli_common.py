@@ -1,0 +1,81 @@
+"""What the ``regen`` commands share: settings, the ledger for one command, the store, the run-config options.
+
+Declared once so that ``regen submit`` and ``regen estimate`` take the same run
+configuration (an estimate is only worth something for the config that will run),
+and so that every command closes its database connections the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ledger.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from ledger.objects import ObjectStore
+
+    from .run_config import RunConfig
+
+#: The exit status of a command refused by a RegenError (a bad config, an unknown run,
+#: a refused resume): the same as click's usage errors, so scripts test one number.
+ERROR_EXIT = 2
+
+db_option = click.option("--database-url", envvar="DATABASE_URL", default=None,
+                         help="postgresql://user@host:port/db (env DATABASE_URL)")
+redis_option = click.option("--redis-url", envvar="REDIS_URL", default=None,
+                            help="redis://host:port/db, the Celery broker (env REDIS_URL)")
+
+#: The options that make a run's configuration (producer/run_config.py), besides --model.
+_RUN_CONFIG_OPTIONS = (
+    click.option("--max-tokens", type=int, default=2048, show_default=True),
+    click.option("--temperature", type=float, default=None, help="default: the model's generation_config.json"),
+    click.option("--top-p", type=float, default=None),
+    click.option("--top-k", type=int, default=None),
+    click.option("--seed", type=int, default=None, help="run seed; each generation's seed derives from it"),
+    click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True),
+    click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
+                 "generated without thinking (default 0.5)"),
+)
+RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share")
+
+
+def run_config_options(command: Callable) -> Callable:
+    """Add the run-config options to a command (they arrive as RUN_CONFIG_KEYS)."""
+    for option in reversed(_RUN_CONFIG_OPTIONS):
+        command = option(command)
+    return command
+
+
+def run_config_from(model: str, options: dict[str, Any]) -> RunConfig:
+    """The run's configuration from a command's ``--model`` and run-config options."""
+    from .run_config import build_run_config
+
+    return build_run_config(model, **{key: options[key] for key in RUN_CONFIG_KEYS})
+
+
+def settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
+    return Settings.from_env(database_url=database_url, redis_url=redis_url)
+
+
+@contextlib.contextmanager
+def ledger(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    """The ledger's sessions for one command; its connections are closed when the command ends."""
+    from ledger.db import make_engine, make_sessionmaker
+
+    engine = make_engine(settings)
+    try:
+        yield make_sessionmaker(engine)
+    finally:
+        engine.dispose()
+
+
+def store(settings: Settings) -> ObjectStore:
+    from ledger.objects import ObjectStore
+
+    return ObjectStore.from_settings(settings)

@@ -1,0 +1,2 @@
+"""Helpers that tests import: helpers.py (the CLI, waiting), finished_run.py (a committed run
+without engines), s3_fault_proxy.py (an HTTP proxy that injects S3 faults)."""
