@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ledger.dispatch import BatchMessage
-from ledger.errors import StoreError
+from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import decode_shard, encode_shard, output_shard_url
@@ -29,15 +29,15 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 
 
-class Requeue(Exception):
+class Requeue(RegenError):
     """Put the message back on the broker (Reject(requeue=True))."""
 
 
-class _Preempted(Exception):
+class _Preempted(RegenError):
     pass
 
 
-class _Fenced(Exception):
+class _Fenced(RegenError):
     pass
 
 

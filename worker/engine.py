@@ -23,6 +23,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.errors import RegenError
+
 from .admission import AdmissionGate, admission_level
 from .dialogue import Generation
 
@@ -80,7 +82,7 @@ def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | No
     return 1024 if big else 256
 
 
-class EngineDead(RuntimeError):
+class EngineDead(RegenError):
     """The engine process died (OOM kill, CUDA error). The worker process must restart."""
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from ledger.dispatch import DEFAULT_QUEUE
+from ledger.errors import ConfigError
 from ledger.orphans import die_with_parent
 
 log = logging.getLogger("regen.launcher")
@@ -63,11 +64,11 @@ def parse_gpus(spec: str) -> list[str] | None:
     if spec == "all":
         gpus = discover_gpus()
         if not gpus:
-            raise SystemExit("--gpus all: no GPU found (nvidia-smi failed or listed none)")
+            raise ConfigError("--gpus all: no GPU found (nvidia-smi failed or listed none)")
         return gpus
     gpus = [g.strip() for g in spec.split(",") if g.strip()]
     if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
-        raise SystemExit(f"--gpus expects none, all or distinct indices like 0,1,2,3 (got {spec!r})")
+        raise ConfigError(f"--gpus expects none, all or distinct indices like 0,1,2,3 (got {spec!r})")
     return gpus
 
 
@@ -84,7 +85,7 @@ def plan_processes(gpus: list[str] | None, *, tp: int = 1, host: str | None = No
         groups: list[tuple[str, ...]] = [()]
     else:
         if tp < 1 or len(gpus) % tp:
-            raise SystemExit(f"{len(gpus)} GPUs cannot be split into tensor-parallel groups of {tp}")
+            raise ConfigError(f"{len(gpus)} GPUs cannot be split into tensor-parallel groups of {tp}")
         groups = [tuple(gpus[i:i + tp]) for i in range(0, len(gpus), tp)]
     plans = []
     for i, devices in enumerate(groups):

@@ -13,6 +13,7 @@ import signal
 import threading
 
 from ledger.db import make_engine, make_sessionmaker
+from ledger.errors import RegenError
 from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
@@ -25,7 +26,7 @@ from .rendering import Renderer
 log = logging.getLogger(__name__)
 
 
-class WrongModel(RuntimeError):
+class WrongModel(RegenError):
     pass
 
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from ledger.errors import ConfigError
 from producer.cli import main
 from worker import launcher
 from worker.launcher import parse_gpus, plan_processes
@@ -77,13 +78,13 @@ def test_gpu_specs_that_parse(spec, gpus):
 
 @pytest.mark.parametrize("spec", ["a,b", "0,0", "-1", "1.5", "0;1", "gpu0"])
 def test_bad_gpu_specs_are_rejected(spec):
-    with pytest.raises(SystemExit, match="--gpus expects"):
+    with pytest.raises(ConfigError, match="--gpus expects"):
         parse_gpus(spec)
 
 
 @pytest.mark.parametrize("gpus, tp", [(["0", "1", "2"], 2), (["0", "1"], 0), (["0"], 2), (["0", "1"], -1)])
 def test_gpus_that_do_not_split_into_tensor_parallel_groups_are_rejected(gpus, tp):
-    with pytest.raises(SystemExit, match="cannot be split"):
+    with pytest.raises(ConfigError, match="cannot be split"):
         plan_processes(gpus, tp=tp, host="h", base_env={})
 
 
@@ -92,7 +93,7 @@ def test_all_uses_the_discovered_gpus_and_fails_when_there_are_none(monkeypatch)
     monkeypatch.setattr(launcher, "discover_gpus", lambda: ["0", "1", "2", "3"])
     assert parse_gpus("all") == ["0", "1", "2", "3"]
     monkeypatch.setattr(launcher, "discover_gpus", lambda: [])
-    with pytest.raises(SystemExit, match="no GPU found"):
+    with pytest.raises(ConfigError, match="no GPU found"):
         parse_gpus("all")
 
 
