@@ -16,6 +16,9 @@ DEFAULT_RECONCILE_S = 10.0
 #: A queued batch younger than this may still have its message in flight: the
 #: reconciler republishes it only when the broker is empty and it is older.
 QUEUED_GRACE_S = 300.0
+#: Samples per batch of ``regen submit``; workers size the batches they hold by it
+#: before they have seen one.
+DEFAULT_BATCH_SIZE = 64
 #: Failed attempts (errors or lost leases) before a batch is dead. Workers take
 #: theirs from ``regen worker --max-attempts``.
 DEFAULT_MAX_ATTEMPTS = 3

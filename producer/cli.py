@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ledger.defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ledger.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ledger.errors import RegenError, RunNotFound
 from ledger.settings import redact
 from worker.options import WorkerOptions
@@ -92,7 +92,7 @@ def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
 @click.option("--run", "run_name", required=True, help="run name: unique; a resubmit with it resumes")
 @click.option("--model", required=True, help="model directory (or hub id) the workers load")
 @click.option("--output", "output_url", required=True, help="s3://bucket/prefix for the run's shards")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True)
 @run_config_options
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="broker queue the workers of this model consume")
 @click.option("--quality-thresholds", default=None,

@@ -36,9 +36,12 @@ import heapq
 import itertools
 import math
 
+from ledger.defaults import DEFAULT_BATCH_SIZE
+
 #: Conversations admitted above ``max_num_seqs``: the engine's own waiting queue,
-#: refilled continuously. Half of max_num_seqs keeps vLLM's scheduler from ever
-#: finding its waiting queue empty while a batch commits (measured: docs/performance.md).
+#: refilled continuously, so vLLM's scheduler never finds it empty while a batch
+#: commits. A choice, not tuned: with it the whole system ran at 1.012 of bare vLLM
+#: on an H200 (docs/performance.md).
 ADMISSION_HEADROOM = 0.5
 
 #: How many batches' worth of max_num_seqs a long tail keeps open. A batch is held
@@ -48,8 +51,8 @@ ADMISSION_HEADROOM = 0.5
 #: all of those batches must already be held. 6 covers that with a margin.
 TAIL_FACTOR = 6.0
 
-#: The batch size a worker assumes before it has seen one (the producer's default).
-ASSUMED_BATCH_SIZE = 64
+#: The batch size a worker assumes before it has seen one (regen submit's default).
+ASSUMED_BATCH_SIZE = DEFAULT_BATCH_SIZE
 
 
 def admission_level(max_num_seqs: int) -> int:
