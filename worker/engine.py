@@ -30,10 +30,12 @@ from .dialogue import Generation
 
 log = logging.getLogger(__name__)
 
-#: The vLLM releases regen is tested on: 0.26 (CUDA, the lent H200s) through the CPU
-#: build's 0.32 and the newest. The API differences between them are handled here
-#: (see ``_unfinished_counter``); pyproject's ``gpu`` extra states the same range.
-SUPPORTED_VLLM = (">=0.26", "<0.34")
+#: The vLLM releases regen supports: 0.26 (the whole system ran on CUDA H200s), 0.32
+#: (the CPU build every test runs on) and 0.33, the newest (the names used here were
+#: checked in its source). The differences between them are handled here (see
+#: ``_unfinished_counter``); pyproject's ``gpu`` extra states the same range. Another
+#: release is tried anyway, with a warning in the worker's log.
+SUPPORTED_VLLM = ">=0.26,<0.34"
 
 #: Settings regen adds on every platform. Prefix caching: a multi-turn conversation's
 #: next turn repeats the previous prompt; stats off: they cost a log line per step.
@@ -77,7 +79,7 @@ def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | No
                              check=True).stdout.strip().splitlines()[0]
         mib, name = (x.strip() for x in out.split(",", 1))
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-        return 256
+        return 256  # nvidia-smi cannot tell: vLLM's smaller default, held batches err low
     big = float(mib) >= 160 * 1024 or (float(mib) >= 70 * 1024 and "a100" not in name.lower())
     return 1024 if big else 256
 
@@ -133,6 +135,9 @@ class EngineHost:
         self.admission = AdmissionGate(admission_level(self.max_num_seqs))
         self._count_unfinished = _unfinished_counter(self._llm)
         self.engine_version = f"vllm {vllm.__version__}"
+        if not _supported(vllm.__version__):
+            log.warning("vLLM %s is outside the releases regen supports (%s); it may work, untested",
+                        vllm.__version__, SUPPORTED_VLLM)
 
     def submit(self, coro: Coroutine) -> concurrent.futures.Future:
         """Run a coroutine on the engine loop; cancel the returned future to abort it."""
@@ -207,6 +212,17 @@ class EngineHost:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+
+def _supported(version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        # Local builds carry suffixes (0.26.0+cu130, 0.32.0+cpu): compare the release only.
+        return Version(Version(version).base_version) in SpecifierSet(SUPPORTED_VLLM)
+    except InvalidVersion:
+        return False
 
 
 def _unfinished_counter(llm: Any):

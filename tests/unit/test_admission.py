@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from worker.admission import AdmissionGate, admission_level, batches_to_hold
-from worker.engine import _unfinished_counter, engine_defaults, expected_max_num_seqs
+from worker.engine import _supported, _unfinished_counter, engine_defaults, expected_max_num_seqs
 
 
 def test_level_and_held_batches_follow_max_num_seqs():
@@ -104,3 +104,8 @@ def test_unfinished_count_on_every_supported_vllm():
 
     assert _unfinished_counter(AsyncLLM026())() == 7
     assert _unfinished_counter(AsyncLLM032())() == 9
+
+
+def test_supported_vllm_releases():
+    assert _supported("0.26.0") and _supported("0.32.0+cpu") and _supported("0.33.0")
+    assert not _supported("0.25.1") and not _supported("0.34.0") and not _supported("nightly")
