@@ -38,7 +38,7 @@ class WorkerRuntime:
         # few connections, so a node of 8 GPUs does not take Postgres's 100 connections.
         self.db = make_engine(settings, pool_size=4, max_overflow=4, pool_timeout=120)
         self.sessions = make_sessionmaker(self.db)
-        self.store = ObjectStore(max_attempts=settings.s3_max_attempts)
+        self.store = ObjectStore.from_settings(settings)
         self.shutting_down = threading.Event()
         self._engine: EngineHost | None = None
         self._renderer: Renderer | None = None
