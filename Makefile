@@ -22,4 +22,4 @@ test-fast: install
 	$(PY) -m pytest -q tests/unit
 
 lint: install
-	$(VENV)/bin/ruff check ledger producer worker tests scripts
+	$(VENV)/bin/ruff check ledger producer worker tests scripts bench
