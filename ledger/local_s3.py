@@ -64,7 +64,8 @@ def local_s3_env(endpoint_url: str) -> dict[str, str]:
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -86,7 +87,7 @@ def start_local_s3(extra_env: dict[str, str] | None = None, *, log_path: str | N
     env.update(extra_env or {})
     last_error = ""
     for _ in range(3):  # the free port can be taken between probing and binding
-        port = _free_port()
+        port = free_port()
         if log_path is None:
             log_fd, path = tempfile.mkstemp(prefix="moto-", suffix=".log")
         else:

@@ -17,17 +17,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ledger.local_s3 import free_port
+
 
 def _answers(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
         return True
     return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_server_binary() -> str:
@@ -63,7 +59,7 @@ def local_redis() -> Iterator[str]:
     if _answers("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/0"
         return
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
