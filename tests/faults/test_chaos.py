@@ -27,7 +27,7 @@ def test_sigkill_sigterm_redis_flush_and_a_new_worker_lose_nothing(settings, s3_
     b = start_worker("b", concurrency=4, extra=FAST_RECOVERY)
     a.wait_ready()
     b.wait_ready()
-    run_cli(["submit", str(tmp_path / "chaos.jsonl"), "--run", "chaos", "--model", _model_of(a), "--output",
+    run_cli(["submit", str(tmp_path / "chaos.jsonl"), "--run", "chaos", "--model", a.model, "--output",
              f"{s3_bucket}/chaos", "--batch-size", "8", "--max-tokens", "256", "--seed", "3",
              # Random weights are all truncation; the quality gate is tested elsewhere.
              "--quality-thresholds", '{"gate_overridden": true}'], env)
@@ -65,8 +65,3 @@ def test_sigkill_sigterm_redis_flush_and_a_new_worker_lose_nothing(settings, s3_
     assert row.lost == 0 and row.dup_ledger == 0 and row.dup_outputs == 0
     assert row.done == row.expected == 240
     assert batches_by_status(sessions, "chaos") == {"done": 30}
-
-
-def _model_of(worker) -> str:
-    argv = worker.proc.args
-    return argv[argv.index("--model") + 1]

@@ -47,8 +47,7 @@ def test_a_killed_nodes_batches_are_claimed_again_within_a_minute(settings, s3_e
     expected = write_prompts(tmp_path / "loss.jsonl", 96, prefix="n")
     a = start_worker("a", concurrency=0)  # the defaults: held batches from max_num_seqs, default leases
     a.wait_ready()
-    model = a.proc.args[a.proc.args.index("--model") + 1]
-    run_cli(["submit", str(tmp_path / "loss.jsonl"), "--run", "loss", "--model", model, "--output",
+    run_cli(["submit", str(tmp_path / "loss.jsonl"), "--run", "loss", "--model", a.model, "--output",
              f"{s3_bucket}/loss", "--batch-size", "8", "--max-tokens", "384", "--seed", "5",
              "--quality-thresholds", '{"gate_overridden": true}'], env)
     logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731

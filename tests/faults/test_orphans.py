@@ -36,8 +36,7 @@ def test_a_killed_launcher_takes_its_workers_and_engines_with_it(settings, s3_en
     write_prompts(tmp_path / "orphans.jsonl", 32, prefix="o")
     w = start_worker("o", concurrency=0)
     w.wait_ready()
-    model = w.proc.args[w.proc.args.index("--model") + 1]
-    run_cli(["submit", str(tmp_path / "orphans.jsonl"), "--run", "orphans", "--model", model, "--output",
+    run_cli(["submit", str(tmp_path / "orphans.jsonl"), "--run", "orphans", "--model", w.model, "--output",
              f"{s3_bucket}/orphans", "--batch-size", "4", "--max-tokens", "512", "--seed", "1",
              "--quality-thresholds", '{"gate_overridden": true}'], env)
     wait_for(lambda: running_on(sessions, "orphans", "o") >= 1, timeout_s=180, what="batches running",
