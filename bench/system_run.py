@@ -62,12 +62,18 @@ class WorkerRun:
 
 @contextlib.contextmanager
 def per_sample_budgets() -> Iterator[None]:
-    """Carry each input row's ``max_tokens`` into its input shard, for this benchmark only.
+    """Carry each input row's ``max_tokens`` into its normalised sample, for this benchmark only.
 
     ``normalize_row`` keeps only the fields of docs/CONTRACTS.md, so the benchmark wraps
-    it while it submits; the worker then honours ``sample["max_tokens"]`` (it can only
-    lower the run's max_tokens). Everything else is the real submit path.
+    it, in submit and in ``regen estimate``'s sample draw alike, while it submits or
+    estimates; the worker (and the estimate's probe, which runs the worker's
+    ``generate_batch``) then honours ``sample["max_tokens"]`` (it can only lower the run's
+    max_tokens). Everything else is the real path. Random weights never stop on their
+    own, so this budget is what gives the benchmark its long-tailed output lengths.
     """
+    from producer.estimate import sample as sample_module
+
+    modules = (submit_module, sample_module)
     original = submit_module.normalize_row
 
     def normalize_with_budget(obj):
@@ -77,11 +83,13 @@ def per_sample_budgets() -> Iterator[None]:
             sample["max_tokens"] = budget
         return sample
 
-    submit_module.normalize_row = normalize_with_budget
+    for module in modules:
+        module.normalize_row = normalize_with_budget
     try:
         yield
     finally:
-        submit_module.normalize_row = original
+        for module in modules:
+            module.normalize_row = original
 
 
 class WorkerProcess:

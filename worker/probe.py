@@ -104,12 +104,16 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     starts, and once every sample has started, *repeats* of samples (with another id, so
     other seeds; never of one that failed) take the free places until the last sample finishes.
     The engine is thus as full as in a long run, where the queue never runs dry,
-    until the moment the last sample finishes; repeats still running then are aborted.
-    Their results are not kept: per-sample records are the samples' own.
+    until the moment the last sample finishes. Then nothing more starts and the repeats
+    still running finish: the engine drains as at the end of a run, and that drain is
+    measured (``drain_s``, ``drain_tokens``, ``drain_loss_s``: see :func:`_drain`); it
+    costs at most one more conversation's time. Repeats' results are not kept:
+    per-sample records are the samples' own.
 
     Returns:
         ``{"samples": [...], "output_tokens", "wall_s", "tokens_per_s",
-        "first_to_last_tokens_per_s", "peak_in_engine", "repeats", "throughput_window_s"}``.
+        "first_to_last_tokens_per_s", "peak_in_engine", "repeats", "throughput_window_s",
+        "drain_s", "drain_tokens", "drain_loss_s"}``.
         ``tokens_per_s`` is the engine's generated tokens over the full-engine window
         (from 10% of the run to the last sample's end); without vLLM's token counter it
         falls back to the tokens of the conversations finished by then over the whole time.
@@ -167,6 +171,16 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
                         failed.add(key)
             while len(running) < in_flight and len(finished) < len(samples) and start_next():
                 pass
+        # The drain: nothing more starts, the repeats still running finish, as a run's last
+        # conversations do when its queue is empty. What that costs against a full engine is
+        # measured here rather than guessed (see _drain).
+        drain_started = time.monotonic() - t0
+        while running:
+            done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            timeline.append((time.monotonic() - t0, read_generated()))
+            for future in done:
+                running.pop(future)
+                future.result()
     finally:
         for future in running:
             future.cancel()
@@ -182,6 +196,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         tokens_per_s = (output_tokens + repeat_tokens) / wall_s if wall_s > 0 else None
         window_s = wall_s
     return {
+        **_drain(timeline, drain_started, tokens_per_s if window is not None else None),
         "samples": records,
         "output_tokens": output_tokens,
         "wall_s": round(wall_s, 4),
@@ -193,6 +208,26 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         "repeats": repeats,
         "repeat_tokens": repeat_tokens,
     }
+
+
+def _drain(timeline: list[tuple[float, float | None]], start_s: float, full_tokens_per_s: float | None
+           ) -> dict[str, float | None]:
+    """The end of a run as the probe saw it: from the last sample's end until the engine was empty.
+
+    ``drain_loss_s`` is the time a full engine would have saved: the drain's length less
+    the tokens generated during it at the full-engine rate. It is what an engine loses at
+    the end of a run (the estimate adds it once per engine), measured on this engine with
+    this workload's lengths: the tail is emptied at whatever speed fewer sequences run.
+    None without vLLM's token counter.
+    """
+    points = [(t, g) for t, g in timeline if g is not None and t >= start_s - POLL_S]
+    if not points or full_tokens_per_s is None:
+        return {"drain_s": None, "drain_tokens": None, "drain_loss_s": None}
+    before = max((p for p in points if p[0] <= start_s + 1e-9), default=points[0], key=lambda p: p[0])
+    end = points[-1]
+    drain_s, drain_tokens = max(0.0, end[0] - before[0]), max(0.0, end[1] - before[1])
+    loss = max(0.0, drain_s - drain_tokens / full_tokens_per_s)
+    return {"drain_s": round(drain_s, 3), "drain_tokens": int(drain_tokens), "drain_loss_s": round(loss, 3)}
 
 
 def _full_engine_window(timeline: list[tuple[float, float | None]], end_s: float):

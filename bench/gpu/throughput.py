@@ -20,6 +20,11 @@ With ``--two-gpus``: (b2) ``regen worker --gpus all`` on two GPUs (two processes
 third of the way: its batches must come back (lease expiry, reconciler) and every
 sample finish exactly once; then (t) one engine over both GPUs (``--tp 2``).
 
+With ``--estimate N``: before (b) (or b2), ``regen estimate`` on a stratified pilot of N
+of the same requests (its probe loads its own engine on the GPU, then exits), saved
+into (b)'s output prefix; after (b), ``regen estimate --compare b``: estimated against
+actual engine-hours and tokens (docs/estimate.md).
+
 The model: Qwen3-8B shapes with dummy weights (``load_format=dummy``) over regen's
 tiny tokenizer and chat template (bench/gpu/model.py), prompts rendered through the
 template as in a real run, output budgets lognormal with a long tail.
@@ -46,8 +51,9 @@ import psutil
 from bench.gpu.services import local_postgres, local_redis
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
-from bench.system_run import SystemUnderTest, WorkerRun
+from bench.system_run import SystemUnderTest, WorkerRun, per_sample_budgets
 from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
+from ledger.objects import ObjectStore
 
 
 class GpuSampler:
@@ -165,6 +171,41 @@ def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float |
     return f"| {label} | {what} | {tokens:,} | {seconds:.1f} | {tok_s:,.0f} | {ratio} | {extra} |"
 
 
+def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: str) -> None:
+    """``regen estimate`` on a pilot of the benchmark's requests, saved where run ``run_name`` will write."""
+    from producer.estimate.estimator import EstimateOptions, ThroughputChoice, estimate, save_estimate
+    from producer.estimate.render import render_estimate
+
+    print(f"(e) regen estimate on a pilot of {args.estimate:,} of the {run_name!r} run's requests: probing",
+          flush=True)
+    t0 = time.perf_counter()
+    options = EstimateOptions(sample_size=args.estimate, engines=1, throughput=ThroughputChoice(),
+                              engine_args=tuple(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                                for k, v in extra.items()))
+    with per_sample_budgets():
+        doc = estimate([str(jsonl)], config, options)
+    url = save_estimate(ObjectStore.from_settings(scratch.settings), f"{scratch.output_root}/{run_name}", doc)
+    print(render_estimate(doc))
+    print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s (engine load included); saved to {url}", flush=True)
+
+
+def compare_phase(scratch, run_name: str) -> None:
+    """``regen estimate --compare`` of the run: the saved estimate beside the ledger's actuals."""
+    from producer.cli_common import ledger
+    from producer.estimate.compare import actual_from_ledger, compare
+    from producer.estimate.estimator import load_estimate
+    from producer.estimate.render import render_compare
+
+    with ledger(scratch.settings) as sessions, sessions() as session:
+        actual = actual_from_ledger(session, run_name)
+    saved = load_estimate(ObjectStore.from_settings(scratch.settings), actual["output_url"])
+    result = compare(saved, actual)
+    print(render_compare(result), flush=True)
+    for row in result["rows"]:
+        if row["metric"] in ("output tokens", "engine-hours") and row["error"] is not None:
+            print(f"    (e) {row['metric']}: estimate {row['error']:+.1%} against actual (goal ±10%)", flush=True)
+
+
 def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[str, str, int, float, str]:
     print("(a) bare LLM.generate: loading", flush=True)
     t0 = time.perf_counter()
@@ -245,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="phases to skip, comma-separated, e.g. c or a,c")
     p.add_argument("--keep-logs", default=os.environ.get("OUT"), help="copy each worker's log here (default: $OUT)")
     p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
+    p.add_argument("--estimate", type=int, default=0, metavar="N",
+                   help="regen estimate on a pilot of N requests before (b), compared with (b) after it")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
     args = p.parse_args(argv)
     from worker.engine_args import parse_engine_args
@@ -274,8 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         # The system first, bare last: a failed system phase still leaves the bare figure, and the
         # GPU is dedicated, so the order does not drift as the shared CPU machine does.
         for label, k, tp, processes in phases:
+            estimated = False
+            if args.estimate and label in ("b", "b2"):
+                try:
+                    estimate_phase(args, scratch, jsonl, config, extra, label)
+                    estimated = True
+                except Exception as e:  # noqa: BLE001 - report it and go on with the run
+                    print(f"(e) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
             try:
                 results.append(system_phase(args, scratch, jsonl, rows, config, extra, label, k, tp, processes))
+                if estimated:
+                    compare_phase(scratch, label)
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
                 print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
         if not args.two_gpus and "a" not in skip:

@@ -137,12 +137,17 @@ def hours(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s / 3600.0
 
 
-def drain_allowance_s(longest_conversation_s: float) -> float:
+def drain_allowance_s(longest_conversation_s: float, measured_loss_s: float | None = None) -> float:
     """Time one engine loses at the end of a run, when the queue is empty.
 
-    Its last conversations finish one by one over up to the longest conversation's
-    time, the engine emptying about linearly: half of that time is lost to a full engine.
+    Measured by the probe when it could be (``measured_loss_s``: it lets its engine drain
+    as a run's end does and compares with the full-engine rate, worker/probe.py). Else a
+    bound: the last conversations finish one by one over up to the longest conversation's
+    time, the engine emptying about linearly, so half of that time is lost. The bound is
+    pessimistic on GPUs, where a thinning batch decodes each sequence faster.
     """
+    if measured_loss_s is not None:
+        return measured_loss_s
     return 0.5 * longest_conversation_s
 
 
@@ -155,12 +160,13 @@ def spread_allowance_s(longest_conversation_s: float, engines: int) -> float:
     return (1.0 - 1.0 / engines) * longest_conversation_s
 
 
-def run_hours(work: Interval, engines: int, longest_conversation_s: float) -> tuple[Interval, Interval]:
+def run_hours(work: Interval, engines: int, longest_conversation_s: float,
+              drain_loss_s: float | None = None) -> tuple[Interval, Interval]:
     """``(engine-hours, wall-hours)`` from the full-engine work (tokens / tokens/s, in hours).
 
     engine-hours = work + G × drain;  wall = work / G + drain + spread(G).
     """
-    drain_h = drain_allowance_s(longest_conversation_s) / 3600.0
+    drain_h = drain_allowance_s(longest_conversation_s, drain_loss_s) / 3600.0
     spread_h = spread_allowance_s(longest_conversation_s, engines) / 3600.0
     return work.scaled(1.0, engines * drain_h), work.scaled(1.0 / engines, drain_h + spread_h)
 

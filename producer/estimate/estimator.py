@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -121,9 +122,25 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
         except subprocess.TimeoutExpired as e:
             raise ProbeError(f"the probe took longer than {options.probe_timeout_s:.0f} s") from e
         if proc.returncode != 0 or not out_path.exists():
-            tail = (proc.stderr or proc.stdout or "")[-3000:]
-            raise ProbeError(f"the probe exited with {proc.returncode}:\n{tail}")
+            raise ProbeError(f"the probe exited with {proc.returncode}:\n{probe_failure(proc.stdout + proc.stderr)}")
         return json.loads(out_path.read_text())
+
+
+def probe_failure(output: str | None, *, tail_chars: int = 2000, max_causes: int = 8) -> str:
+    """The root cause of a failed probe, then its last output.
+
+    vLLM's engine process prints the real error (out of memory, a bad argument) well
+    before the parent's chain of ``Engine core initialization failed`` tracebacks, so a
+    plain tail of the output hides it: the distinct error lines come first.
+    """
+    output = output or ""
+    causes: list[str] = []
+    for line in output.splitlines():
+        line = line.strip()
+        if re.search(r"\b\w*(Error|Exception): ", line) and line not in causes:
+            causes.append(line)
+    head = "errors: " + "\n        ".join(causes[:max_causes]) + "\n" if causes else ""
+    return f"{head}last output:\n{output[-tail_chars:]}"
 
 
 def load_probe_results(path: str, drawn: DrawnSample) -> dict[str, Any]:
@@ -191,14 +208,17 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
     per_row = 1.0 / population if population else 0.0
     tokens_per_s, throughput = _choose_throughput(probe, options.throughput)
     longest_s = max((s.get("duration_s", s["finished_s"]) for s in probe["samples"]), default=0.0)
+    drain_loss_s = probe.get("drain_loss_s")  # None: a probe without the token counter, or an older one
     measured = probe.get("tokens_per_s")
     if tokens_per_s and measured:
         # A faster engine finishes its last conversations sooner, in proportion.
         longest_s *= measured / tokens_per_s
+        if drain_loss_s is not None:
+            drain_loss_s *= measured / tokens_per_s
     work_h = engine_h = wall_h = None
     if tokens_per_s:
         work_h = tokens.scaled(1.0 / tokens_per_s / 3600.0)
-        engine_h, wall_h = em.run_hours(work_h, options.engines, longest_s)
+        engine_h, wall_h = em.run_hours(work_h, options.engines, longest_s, drain_loss_s)
     failed = sum(1 for s in probe["samples"] if s["status"] != "done")
     return {
         "kind": "regen-estimate",
@@ -229,7 +249,8 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
         "throughput": throughput,
         "engines": options.engines,
         "longest_conversation_s": round(longest_s, 3),
-        "drain_hours": em.drain_allowance_s(longest_s) / 3600.0,
+        "drain_loss_s": round(drain_loss_s, 3) if drain_loss_s is not None else None,
+        "drain_hours": em.drain_allowance_s(longest_s, drain_loss_s) / 3600.0,
         "spread_hours": em.spread_allowance_s(longest_s, options.engines) / 3600.0,
         "work_hours": work_h.as_dict() if work_h else None,
         "engine_hours": engine_h.as_dict() if engine_h else None,
@@ -269,10 +290,17 @@ def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str,
     if not options.throughput.lengths_only:
         out.append("engine-hours assume engines kept full (continuous feeding, as regen's workers do); "
                    "GPU-hours = engine-hours × GPUs per engine (tensor parallel)")
+        if probe.get("drain_loss_s") is not None:
+            drain = (f"measured by the probe, which let its engine drain as a run's end does: "
+                     f"{probe['drain_s']:.1f} s to empty, {probe['drain_tokens']:,} tokens generated meanwhile, "
+                     f"{probe['drain_loss_s']:.1f} s lost against a full engine; engine-hours add that loss per "
+                     "engine")
+        else:
+            drain = "engine-hours add half the longest sampled conversation's time per engine (not measured)"
         out.append("at the end of a run each engine drains (its last conversations finish one by one): "
-                   "engine-hours add half the longest sampled conversation's time per engine, and the "
-                   f"wall-clock on {options.engines} engine(s) adds that drain plus (1 - 1/G) × the longest "
-                   "conversation for engines finishing unevenly; negligible for a long run, not for a short one")
+                   f"{drain}, and the wall-clock on {options.engines} engine(s) adds that drain plus (1 - 1/G) × "
+                   "the longest conversation for engines finishing unevenly; negligible for a long run, not for "
+                   "a short one")
     out.append(f"{em.CONFIDENCE:.0%} intervals: stratified bootstrap of the sample ({options.bootstrap_resamples:,} "
                "resamples); they cover the sampling error of the lengths, not the noise of a throughput "
                "measurement")
@@ -336,7 +364,7 @@ def hand_estimate(rows: int, mean_output_tokens: float, choice: ThroughputChoice
         "total_output_tokens": total.as_dict(0), "reasoning_tokens": None, "answer_tokens": None,
         "truncated_share": None, "failed_share": None,
         "tokens_per_s": tokens_per_s, "throughput": throughput, "engines": engines,
-        "longest_conversation_s": 0.0, "drain_hours": 0.0, "spread_hours": 0.0,
+        "longest_conversation_s": 0.0, "drain_loss_s": None, "drain_hours": 0.0, "spread_hours": 0.0,
         "work_hours": work_h.as_dict() if work_h else None,
         "engine_hours": engine_h.as_dict() if engine_h else None,
         "wall_hours": wall_h.as_dict() if wall_h else None,

@@ -54,6 +54,10 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert probe["in_flight"] == 32 and probe["repeats"] > 0
     assert probe["tokens_per_s"] > 0 and probe["first_to_last_tokens_per_s"] > 0
     assert probe["output_tokens"] == sum(s["completion_tokens"] for s in probe["samples"]) > 0
+    # Then it let the engine drain as a run's end does, and measured what that cost.
+    assert probe["drain_s"] > 0 and probe["drain_tokens"] > 0
+    assert 0 <= probe["drain_loss_s"] <= probe["drain_s"]
+    assert doc["drain_hours"] == pytest.approx(probe["drain_loss_s"] / 3600, rel=1e-3, abs=1e-6)
     for s in probe["samples"]:
         assert s["reasoning_tokens"] + s["answer_tokens"] <= s["completion_tokens"]
         # max_tokens 48 per generation: a truncated one hit it exactly.

@@ -110,6 +110,55 @@ def test_drain_and_spread_allowances_add_to_engine_and_wall_time():
     assert wall.value == pytest.approx(10 / 4 + 0.5 + 0.75)
 
 
+def test_a_measured_drain_replaces_the_half_longest_conversation_bound():
+    assert em.drain_allowance_s(100.0, measured_loss_s=12.0) == 12.0
+    assert em.drain_allowance_s(100.0, measured_loss_s=0.0) == 0.0  # a drain at full speed loses nothing
+    engine, wall = em.run_hours(em.Interval(10.0, 9.0, 11.0), 2, 3600.0, drain_loss_s=360.0)
+    # engine: work + 2 × 0.1 h measured drain; wall: work / 2 + 0.1 h drain + 0.5 h spread.
+    assert engine.value == pytest.approx(10.2)
+    assert wall.value == pytest.approx(10 / 2 + 0.1 + 0.5)
+
+
+def test_probe_drain_loss_is_the_drain_less_its_tokens_at_the_full_rate():
+    from worker.probe import _drain
+
+    # Full engine at 100 tok/s until t=10; the drain from t=10 to t=16 made 300 tokens,
+    # which a full engine makes in 3 s: 3 s lost.
+    timeline = [(0.0, 0.0), (5.0, 500.0), (10.0, 1000.0), (12.0, 1200.0), (14.0, 1280.0), (16.0, 1300.0)]
+    assert _drain(timeline, 10.0, 100.0) == {"drain_s": 6.0, "drain_tokens": 300, "drain_loss_s": 3.0}
+    # Without the engine's token counter there is nothing to measure: the estimate falls back.
+    assert _drain([(0.0, None), (1.0, None)], 0.5, 100.0)["drain_loss_s"] is None
+    assert _drain(timeline, 10.0, None)["drain_loss_s"] is None
+
+
+def test_estimate_uses_the_probe_s_measured_drain_and_says_so(tmp_path):
+    _write_dataset(tmp_path / "a.jsonl", [_chat(i, 1, 5) for i in range(100)])
+    drawn = draw_sample([str(tmp_path)], 20, seed=1)
+    probe = {**_probe_for(drawn, lambda c: 100), "drain_s": 8.0, "drain_tokens": 500, "drain_loss_s": 3.0}
+    doc = build_estimate(drawn, probe, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
+    work = 100 * 100 / 100.0 / 3600
+    assert doc["drain_loss_s"] == 3.0
+    assert doc["engine_hours"]["value"] == pytest.approx(work + 3.0 / 3600)
+    assert any("3.0 s lost against a full engine" in a for a in doc["assumptions"])
+    # A throughput given for another engine scales the measured loss as it scales the work.
+    fast = build_estimate(drawn, probe, CONFIG, EstimateOptions(throughput=ThroughputChoice(tokens_per_s=200.0)),
+                          inputs=["a"])
+    assert fast["drain_loss_s"] == pytest.approx(1.5)
+    assert fast["engine_hours"]["value"] == pytest.approx(work / 2 + 1.5 / 3600)
+
+
+def test_a_failed_probe_names_the_root_cause_before_its_last_output():
+    from producer.estimate.estimator import probe_failure
+
+    output = "\n".join(["INFO loading", "(VllmWorker-0 pid=1) ERROR ... ValueError: Available memory on node 0 "
+                        "(7.63/9.21 GiB) is less than desired", *["  File x, line 1"] * 200,
+                        "RuntimeError: Engine core initialization failed. See root cause above."])
+    message = probe_failure(output, tail_chars=300)
+    assert message.index("ValueError: Available memory") < message.index("last output:")
+    assert "RuntimeError: Engine core initialization failed" in message
+    assert len(message) < 800
+
+
 def test_allocation_is_proportional_with_at_least_one_per_stratum():
     alloc = allocate({"big": 900, "mid": 90, "tiny": 10}, 100)
     assert alloc == {"big": 90, "mid": 9, "tiny": 1}
