@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-tokens", type=float, default=400.0, help="mean of the lognormal output budget")
     p.add_argument("--max-tokens", type=int, default=4096, help="cap of the output budget (the run's max_tokens)")
     p.add_argument("--engine-arg", action="append", default=[], help="for every engine, (a) and the workers alike")
-    p.add_argument("--skip", default="", help="phases to skip, comma-separated, e.g. c or a,c")
+    p.add_argument("--skip", default="",
+                   help="phases to skip, comma-separated, e.g. c or a,c (b,c: bare alone, in a call of its own)")
     p.add_argument("--keep-logs", default=os.environ.get("OUT"), help="copy each worker's log here (default: $OUT)")
     p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
     p.add_argument("--estimate", type=int, default=0, metavar="N",
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.two_gpus:
             phases = [("b2", 0, 1, 2 if not on_cpu else 1)] + ([] if "t" in skip else [("t", 0, 2, 1)])
         else:
-            phases = [("b", 0, 1, 1)] + ([] if "c" in skip else [("c", 1, 1, 1)])
+            phases = ([] if "b" in skip else [("b", 0, 1, 1)]) + ([] if "c" in skip else [("c", 1, 1, 1)])
         # The system first, bare last: a failed system phase still leaves the bare figure, and the
         # GPU is dedicated, so the order does not drift as the shared CPU machine does.
         for label, k, tp, processes in phases:
