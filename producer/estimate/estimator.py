@@ -273,7 +273,8 @@ def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str,
         out.append(f"tokens/s measured by the probe on this machine's engine, kept full with "
                    f"{throughput.get('in_flight')} conversations (max_num_seqs {seqs}; at most {peak} requests seen "
                    f"in it; {throughput.get('repeats') or 0} repeats of sampled conversations topped it up), over the "
-                   f"{throughput.get('throughput_window_s') or 0:.1f} s until the last sampled conversation ended. "
+                   f"{throughput.get('throughput_window_s') or 0:.1f} s once it had settled (after the last sampled "
+                   "conversation ended, as long again: the engine then holds a long run's mix of lengths). "
                    "It is the bare engine's rate: the workers' own work around it (S3, ledger, Celery) is not in "
                    "it. Match the workers' conversations in flight with --probe-in-flight; for another fleet, "
                    "or the rate a finished run reached (--compare), pass --tokens-per-s")

@@ -54,7 +54,9 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert probe["in_flight"] == 32 and probe["repeats"] > 0
     assert probe["tokens_per_s"] > 0 and probe["first_to_last_tokens_per_s"] > 0
     assert probe["output_tokens"] == sum(s["completion_tokens"] for s in probe["samples"]) > 0
-    # Then it let the engine drain as a run's end does, and measured what that cost.
+    # Then it kept the engine full as long again and measured that settled phase only...
+    assert probe["throughput_window_s"] >= 0.5 * probe["wall_s"]
+    # ...then let it drain as a run's end does, and measured what that cost.
     assert probe["drain_s"] > 0 and probe["drain_tokens"] > 0
     assert 0 <= probe["drain_loss_s"] <= probe["drain_s"]
     assert doc["drain_hours"] == pytest.approx(probe["drain_loss_s"] / 3600, rel=1e-3, abs=1e-6)

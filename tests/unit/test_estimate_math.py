@@ -285,15 +285,16 @@ def test_compare_puts_actual_beside_the_estimate_and_rescales_wall_to_the_worker
     assert "output tokens" in text and "1.200" in text
 
 
-def test_probe_throughput_window_skips_the_first_tenth_and_ends_with_the_last_sample():
+def test_probe_throughput_window_is_the_settled_phase_between_the_last_sample_and_the_drain():
     from worker.probe import _full_engine_window
 
-    timeline = [(0.0, 0.0), (0.5, 10.0), (1.0, 100.0), (5.0, 500.0), (10.0, 1000.0), (10.5, 1040.0)]
-    (ta, ga), (tb, gb) = _full_engine_window(timeline, 10.0)
-    assert (ta, ga) == (1.0, 100.0) and (tb, gb) == (10.0, 1000.0)
-    assert (gb - ga) / (tb - ta) == 100.0
+    # Young engine (fast) until the last sample ends at t=10, settled from 10 to 20, drain after.
+    timeline = [(0.0, 0.0), (5.0, 800.0), (10.0, 1500.0), (15.0, 2000.0), (20.0, 2500.0), (22.0, 2600.0)]
+    (ta, ga), (tb, gb) = _full_engine_window(timeline, 10.0, 20.0)
+    assert (ta, ga) == (10.0, 1500.0) and (tb, gb) == (20.0, 2500.0)
+    assert (gb - ga) / (tb - ta) == 100.0  # not the young phase's 150
     # Without the engine's token counter there is no window (the caller falls back).
-    assert _full_engine_window([(0.0, None), (5.0, None)], 5.0) is None
+    assert _full_engine_window([(0.0, None), (5.0, None)], 2.0, 5.0) is None
 
 
 def test_probe_record_counts_answer_tokens_as_all_tokens_when_the_model_has_no_think_tag():
