@@ -147,6 +147,23 @@ def test_estimate_uses_the_probe_s_measured_drain_and_says_so(tmp_path):
     assert fast["engine_hours"]["value"] == pytest.approx(work / 2 + 1.5 / 3600)
 
 
+def test_a_probe_repeat_has_its_own_id_and_a_prompt_the_prefix_cache_has_not_seen():
+    from worker.probe import repeat_of
+
+    sample = {"sample_id": "s1", "tools": [{"name": "t"}], "messages": [
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "Because."}, {"role": "user", "content": "And?"}]}
+    first, second = repeat_of(sample, 1), repeat_of(sample, 2)
+    assert first["sample_id"] == "s1#repeat1" and second["sample_id"] == "s1#repeat2"
+    # The system prompt (shared across a run) is kept; the first user turn differs per repeat.
+    assert first["messages"][0] == sample["messages"][0]
+    assert first["messages"][1]["content"].endswith("Why?") and first["messages"][1] != second["messages"][1]
+    assert first["messages"][1] != sample["messages"][1] and first["messages"][3] == sample["messages"][3]
+    assert sample["messages"][1]["content"] == "Why?"  # the sample itself is untouched
+    parts = repeat_of({"sample_id": "s", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, 3)
+    assert parts["messages"][0]["content"][0]["text"] == "(3) " and len(parts["messages"][0]["content"]) == 2
+
+
 def test_a_failed_probe_names_the_root_cause_before_its_last_output():
     from producer.estimate.estimator import probe_failure
 
