@@ -23,6 +23,7 @@ import redis as redis_lib
 
 from ledger import migrate
 from ledger.local_s3 import start_local_s3
+from ledger.local_services import with_database
 from ledger.settings import Settings
 
 #: An existing database to connect to for CREATE/DROP DATABASE (the tests use the same).
@@ -54,14 +55,6 @@ class Scratch:
         """The environment of a process (worker, CLI) that should use these services."""
         return {**os.environ, **self.s3_env, "DATABASE_URL": self.settings.database_url,
                 "REDIS_URL": self.settings.redis_url}
-
-
-def with_database(dsn: str, name: str) -> str:
-    """``dsn`` naming database ``name``; keeps a query such as ``?host=/socket/dir`` (embedded Postgres)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 @contextlib.contextmanager

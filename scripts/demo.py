@@ -1,72 +1,139 @@
 """A real regeneration of the bundled sample on this machine: CPU, tiny model, every part real.
 
-Starts what is missing (a moto S3 server when no S3 endpoint is configured; says
-exactly what to start for Postgres or Redis), migrates the ledger, builds the tiny
-model, submits data/sample, runs one worker until every sample is done, prints
-``regen status`` and where the outputs are. Run through scripts/demo.sh.
+Phases, each on one line: the services (Postgres, Redis and S3: the ones configured or
+answering on their default ports, else started here from wheels, with their data under
+``.regen-local/`` and stopped at the end), the ledger's migrations, the tiny model, the
+submit, the worker (its log in a file; the screen gets one progress line every few
+seconds: loading the engine, then generating with done/total, tokens/s and ETA), then
+``regen status`` and where the outputs are. A command's own output is shown only when
+it fails. Run through scripts/demo.sh.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ledger.local_s3 import LocalS3, start_local_s3
-
 ROOT = Path(__file__).resolve().parents[1]
+#: Data of the Postgres the demo starts, and the worker's log: in the checkout, ignored by git.
+LOCAL = ROOT / ".regen-local"
+PROGRESS_EVERY_S = 10.0
 
 
-def regen(*args: str, env: dict, capture: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "producer.cli", *args]
-    print("$ regen " + " ".join(args), flush=True)
-    return subprocess.run(cmd, env=env, check=True, text=True, capture_output=capture, cwd=ROOT)
+def step(n: int, what: str) -> None:
+    print(f"[{n}/6] {what}", flush=True)
 
 
-def port_open(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex((host, port)) == 0
+def regen(*args: str, env: dict) -> str:
+    """Run a regen command quietly; its output is shown only if it fails."""
+    proc = subprocess.run([sys.executable, "-m", "producer.cli", *args], env=env, text=True, capture_output=True,
+                          cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"`regen {' '.join(args)}` failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
 
 
-def check_services(env: dict) -> None:
+def ensure_database(dsn: str) -> None:
+    """Create the database ``dsn`` names if the server answers but it does not exist yet."""
     import psycopg
-    import redis
+
+    from ledger.local_services import with_database
 
     try:
-        psycopg.connect(env["DATABASE_URL"].replace("postgresql+psycopg", "postgresql"), connect_timeout=3).close()
+        psycopg.connect(dsn, connect_timeout=5).close()
     except psycopg.OperationalError as e:
-        if "does not exist" in str(e):
-            admin = env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
-            name = env["DATABASE_URL"].rsplit("/", 1)[1]
-            with psycopg.connect(admin, autocommit=True) as c:
-                c.execute(f'CREATE DATABASE "{name}"')
-            print(f"created database {name}")
-        else:
-            sys.exit(f"Postgres is not reachable at {env['DATABASE_URL']} ({e}).\n"
-                     "Start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n"
-                     "or set DATABASE_URL=postgresql://user@host:port/db")
-    try:
-        redis.Redis.from_url(env["REDIS_URL"], socket_connect_timeout=3).ping()
-    except redis.RedisError as e:
-        sys.exit(f"Redis is not reachable at {env['REDIS_URL']} ({e}).\n"
-                 "Start it: redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no\n"
-                 "or set REDIS_URL=redis://host:port/db")
+        if "does not exist" not in str(e):
+            sys.exit(f"Postgres is not reachable at {dsn} ({e}).\nUnset DATABASE_URL to let the demo start its "
+                     "own, or start that server.")
+        name = dsn.split("?")[0].rsplit("/", 1)[1]
+        with psycopg.connect(with_database(dsn, "postgres"), autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
 
 
-def start_moto(env: dict) -> LocalS3 | None:
-    if env.get("AWS_ENDPOINT_URL"):
-        return None
-    server = start_local_s3()
-    env.update(server.env())
-    print(f"no AWS_ENDPOINT_URL set: started a local moto S3 server on {env['AWS_ENDPOINT_URL']}")
-    return server
+def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
+    """Point ``env`` at Postgres, Redis and S3, starting what is missing (stopped by ``stack``).
+
+    Returns whether S3 is the demo's own (in memory: its objects go when the demo ends).
+    """
+    from ledger.local_s3 import start_local_s3
+    from ledger.local_services import local_postgres, local_redis, with_database
+
+    said = []
+    if "DATABASE_URL" not in env:
+        admin, started = stack.enter_context(local_postgres(LOCAL, keep=True))
+        env["DATABASE_URL"] = with_database(admin, "regen")
+        said.append(f"Postgres {'started here (.regen-local/pg)' if started else 'on 127.0.0.1:5432'}")
+    else:
+        said.append("Postgres from DATABASE_URL")
+    ensure_database(env["DATABASE_URL"])
+    if "REDIS_URL" not in env:
+        url, started = stack.enter_context(local_redis())
+        env["REDIS_URL"] = url
+        said.append(f"Redis {'started here on ' + url.split('//')[1].split('/')[0] if started else 'on 127.0.0.1:6379'}")
+    else:
+        said.append("Redis from REDIS_URL")
+    started_s3 = not env.get("AWS_ENDPOINT_URL")
+    if started_s3:
+        server = start_local_s3()
+        stack.callback(server.stop)
+        env.update(server.env())
+        said.append(f"S3 started here (moto, {env['AWS_ENDPOINT_URL']})")
+    else:
+        said.append("S3 from AWS_ENDPOINT_URL")
+    print("      " + "; ".join(said), flush=True)
+    return started_s3
+
+
+def progress(run: dict, started: float) -> str:
+    s, t = run["samples"], run["throughput"]
+    total = s["pending"] + s["done"] + s["failed"]
+    elapsed = f"{time.monotonic() - started:4.0f} s"
+    if s["done"] + s["failed"] == 0 and run.get("samples_in_flight", 0) == 0:
+        return f"      {elapsed}  loading the engine (vLLM on the CPU: about a minute)"
+    eta = f", ETA {t['eta_s']:.0f} s" if t.get("eta_s") else ""
+    return (f"      {elapsed}  generating: {s['done'] + s['failed']}/{total} samples "
+            f"({s['failed']} failed), {t['completion_tokens_per_s']:.0f} tok/s{eta}")
+
+
+def wait_for_run(run_name: str, env: dict, worker: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    started = time.monotonic()
+    last = ""
+    while time.monotonic() - started < timeout_s:
+        run = json.loads(regen("status", "--run", run_name, "--json", env=env))["runs"][0]
+        line = progress(run, started)
+        if line.split("  ", 2)[-1] != last:
+            print(line, flush=True)
+            last = line.split("  ", 2)[-1]
+        if run["samples"]["pending"] == 0 and run["batches"]["running"] == 0:
+            return
+        if run["status"] == "paused":
+            print(regen("status", "--run", run_name, env=env))
+            sys.exit(f"the quality gate paused the run: {run['status_reason']}\nlook at `regen report --run "
+                     f"{run_name} --out report/`, then `regen resume --run {run_name} [--force]`")
+        if worker.poll() is not None:
+            sys.exit(f"the worker exited early (exit {worker.returncode}); its log: {log_path}\n"
+                     + log_path.read_text(errors="replace")[-3000:])
+        time.sleep(PROGRESS_EVERY_S)
+    sys.exit(f"not finished after {timeout_s:.0f} s; the worker's log: {log_path}")
+
+
+def stop_worker(worker: subprocess.Popen) -> None:
+    """SIGTERM (a warm shutdown: nothing held is lost), then wait for the engine to go."""
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
 
 
 def main() -> None:
@@ -80,64 +147,49 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--data", default=str(ROOT / "data" / "sample"))
     args = p.parse_args()
-
     if args.run is None:
-        import hashlib
-
         key = f"{Path(args.model_dir).resolve()}|{args.variant}|{args.max_tokens}|{args.data}"
         args.run = "demo-" + hashlib.sha256(key.encode()).hexdigest()[:8]
     env = dict(os.environ)
-    env.setdefault("DATABASE_URL", "postgresql://127.0.0.1:5432/regen")
-    env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    check_services(env)
-    moto = start_moto(env)
-    worker = None
-    try:
+    LOCAL.mkdir(exist_ok=True)
+    output = f"s3://{args.bucket}/regen/{args.run}"
+    log_path = LOCAL / "worker.log"
+
+    with contextlib.ExitStack() as stack:
+        step(1, "services")
+        started_s3 = start_services(env, stack)
         import boto3
 
-        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-        s3 = boto3.client("s3")
-        try:
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env.get("AWS_DEFAULT_REGION"),
+                          aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+                          aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"))
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
             s3.create_bucket(Bucket=args.bucket)
-        except s3.exceptions.BucketAlreadyOwnedByYou:
-            pass
+        step(2, "ledger: regen db upgrade")
         regen("db", "upgrade", env=env)
+        step(3, f"tiny model: regen tiny-model {os.path.relpath(args.model_dir, ROOT)} (trained once, then cached)")
         regen("tiny-model", args.model_dir, "--variant", args.variant, env=env)
-        output = f"s3://{args.bucket}/regen/{args.run}"
-        regen("submit", args.data, "--run", args.run, "--model", args.model_dir,
-              "--output", output, "--batch-size", "32", "--max-tokens", args.max_tokens, "--seed", "0", env=env)
-        print("$ regen worker --gpus none   (until every sample is done)", flush=True)
-        worker = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none",
-                                   "--engine-arg", "max_model_len=4096"], env=env, cwd=ROOT,
-                                  start_new_session=True)
-        deadline = time.monotonic() + args.timeout_s
-        while time.monotonic() < deadline:
-            out = regen("status", "--run", args.run, "--json", env=env, capture=True).stdout
-            run = json.loads(out)["runs"][0]
-            s = run["samples"]
-            print(f"  {s['done']} done, {s['failed']} failed, {s['pending']} pending", flush=True)
-            if s["pending"] == 0 and run["batches"]["running"] == 0:
-                break
-            if run["status"] == "paused":
-                regen("status", "--run", args.run, env=env)
-                sys.exit(f"the quality gate paused the run: {run['status_reason']}\n"
-                         f"look at `regen report --run {args.run} --out report/`, then `regen resume --run "
-                         f"{args.run} [--force]`")
-            if worker.poll() is not None:
-                sys.exit("the worker exited early; see its log above")
-            time.sleep(5)
-        else:
-            sys.exit(f"not finished after {args.timeout_s:.0f}s")
-        regen("status", "--run", args.run, env=env)
-        print(f"\noutputs: {output}/outputs/  (JSONL + zstd, one row per sample; endpoint {env['AWS_ENDPOINT_URL']})")
-        print(f"ledger:  psql {env['DATABASE_URL']} -c \"select status, count(*) from samples group by 1\"")
-    finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=120)
-        if moto is not None:
-            moto.stop()
+        step(4, f"regen submit {os.path.relpath(args.data, ROOT)} --run {args.run}")
+        submitted = regen("submit", args.data, "--run", args.run, "--model", args.model_dir, "--output", output,
+                          "--batch-size", "32", "--max-tokens", args.max_tokens, "--seed", "0", env=env)
+        print("      " + " ".join(submitted.split())[:300], flush=True)
+        step(5, f"regen worker --gpus none   (log: {os.path.relpath(log_path, ROOT)})")
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none",
+                                       "--engine-arg", "max_model_len=4096"], env=env, cwd=ROOT,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stack.callback(stop_worker, worker)
+        wait_for_run(args.run, env, worker, log_path, args.timeout_s)
+        stop_worker(worker)
+        step(6, f"regen status --run {args.run}")
+        print(regen("status", "--run", args.run, env=env).rstrip())
+        print(f"\noutputs: {output}/outputs/  (JSONL + zstd, one row per sample, at {env['AWS_ENDPOINT_URL']}"
+              + ("; the demo's moto S3 keeps them in memory until it ends: set AWS_ENDPOINT_URL to keep them)"
+                 if started_s3 else ")"))
+        print(f"report:  regen report --run {args.run} --out report/      export: regen export --run {args.run} "
+              "--format tokens --out train/")
+        print(f"ledger:  psql '{env['DATABASE_URL']}' -c \"select status, count(*) from samples group by 1\"")
 
 
 if __name__ == "__main__":

