@@ -42,6 +42,9 @@ DEFAULT_GATE: dict[str, float] = {
     "repetition_loop": 0.10,
     "bad_think_tags": 0.10,
     "invalid_tool_json": 0.10,
+    # Calls to tools the sample never offered: the model invents tools (or the tools were
+    # not passed to the template); the source has no result to splice after them.
+    "unoffered_tool": 0.10,
     # Failures are data problems (prompt too long, template errors): many means a wrong config.
     "failed": 0.25,
 }
@@ -156,7 +159,7 @@ def classify_sample(row: Mapping[str, Any], thresholds: Thresholds) -> tuple[str
     """The class of one output row (as ``worker/generation.py`` writes it) and one detail per event.
 
     Args:
-        row: ``status``, ``thinking``, ``messages`` and ``events`` (each with
+        row: ``status``, ``thinking``, ``tools``, ``messages`` and ``events`` (each with
             ``completion_token_ids``, ``finish_reason``, ``truncated_in_reasoning``,
             ``think_tags_ok``, ``tool_call_errors``, ``answer_tokens``, ``message_index``).
         thresholds: The run's thresholds.
@@ -174,12 +177,13 @@ def classify_sample(row: Mapping[str, Any], thresholds: Thresholds) -> tuple[str
         return Quality.FAILED.value, []
     messages = row.get("messages") or []
     thinking = bool(row.get("thinking"))
-    details = [classify_turn(event, _message_of(event, messages), thinking, thresholds) for event in events]
+    tools = row.get("tools")
+    details = [classify_turn(event, _message_of(event, messages), thinking, thresholds, tools) for event in events]
     return worst(d["quality"] for d in details), details
 
 
 def classify_turn(event: Mapping[str, Any], message: Mapping[str, Any], thinking: bool,
-                  thresholds: Thresholds) -> dict[str, Any]:
+                  thresholds: Thresholds, tools: list | None = None) -> dict[str, Any]:
     """One generation event's class and every flag it raised (see ``classify_sample``)."""
     flags: list[str] = []
     completion = event.get("completion_token_ids") or []
@@ -206,6 +210,8 @@ def classify_turn(event: Mapping[str, Any], message: Mapping[str, Any], thinking
         flags.append(Quality.BAD_THINK_TAGS.value)
     if event.get("tool_call_errors"):
         flags.append(Quality.INVALID_TOOL_JSON.value)
+    if unoffered_calls(message.get("tool_calls"), tools):
+        flags.append(Quality.UNOFFERED_TOOL.value)
     share = repetition_share(completion, thresholds.repetition_ngram, thresholds.repetition_min_tokens)
     if share > thresholds.repetition_max_share:
         flags.append(Quality.REPETITION_LOOP.value)
@@ -213,6 +219,29 @@ def classify_turn(event: Mapping[str, Any], message: Mapping[str, Any], thinking
     flags.sort(key=_RANK.__getitem__)
     return {"turn": event.get("turn"), "quality": flags[0] if flags else Quality.OK.value, "flags": flags,
             "repetition_share": round(share, 4)}
+
+
+def offered_tool_names(tools: list | None) -> set[str]:
+    """Names of the tools a sample offers (OpenAI ``{"type": "function", "function": {...}}`` or bare ``{"name"}``)."""
+    names: set[str] = set()
+    for tool in tools or []:
+        if isinstance(tool, Mapping):
+            function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+            if isinstance(function.get("name"), str):
+                names.add(function["name"])
+    return names
+
+
+def unoffered_calls(tool_calls: list | None, tools: list | None) -> list[str]:
+    """Names of the calls in ``tool_calls`` to tools ``tools`` does not offer (every call when it offers none)."""
+    offered = offered_tool_names(tools)
+    names = []
+    for call in tool_calls or []:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if name not in offered:
+            names.append(str(name))
+    return names
 
 
 def _message_of(event: Mapping[str, Any], messages: list) -> Mapping[str, Any]:

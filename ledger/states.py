@@ -107,6 +107,7 @@ class Quality(str, Enum):
     TRUNCATED_REASONING = "truncated_reasoning"  # cut off (max_tokens, abort) before </think>
     TRUNCATED_ANSWER = "truncated_answer"        # cut off after </think>, or without thinking
     BAD_THINK_TAGS = "bad_think_tags"            # unbalanced or leftover think tags
+    UNOFFERED_TOOL = "unoffered_tool"            # a call to a tool the conversation did not offer
     INVALID_TOOL_JSON = "invalid_tool_json"      # a <tool_call> block that does not parse
     OK = "ok"
 

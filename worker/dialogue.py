@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.errors import RegenError
+from ledger.quality import unoffered_calls
 from worker.parsing import ReasoningSplit, ToolCallParse, parse_tool_calls, split_reasoning
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -207,6 +208,13 @@ class _Walk:
             return f"tool_call_invalid: {parsed.errors[0]['error']}"
         if not source_continues:
             return None
+        unoffered = unoffered_calls(parsed.tool_calls, self.tools) if self.tools else []
+        if unoffered and not set(unoffered) <= {_call_name(call) for call in source_calls}:
+            # A tool the sample's list does not offer, and the source never called: there
+            # is no result to splice after it. The row keeps the call; its quality class
+            # says unoffered_tool (also when the source made the same call: then it goes
+            # on). A sample with no tool list is a divergence below: its tools are unknown.
+            return f"tool_not_offered: {','.join(unoffered)}"
         spliced, stop = _splice_tool_results(parsed.tool_calls, source_calls, source_results)
         self.context.extend(spliced)
         return stop

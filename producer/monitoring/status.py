@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ledger.runs import list_runs
-from ledger.states import BatchStatus, SampleStatus
+from ledger.states import BatchStatus, Quality, SampleStatus
 
 #: Window for "recent throughput": long enough to smooth over hour-long batches
 #: finishing one at a time on a few nodes, short enough to notice a slowdown.
@@ -48,6 +48,9 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
             "WHERE run_id = :run AND status = 'done' AND finished_at > now() - make_interval(secs => :w)"),
             {"run": rid, "w": RECENT_WINDOW_S}).one()
+        # Classified samples by quality class (ledger/quality.py; the gate's own counts): an index-only read.
+        quality = _counts(session, "SELECT quality, count(*) FROM samples WHERE run_id = :run AND quality IS NOT "
+                                   "NULL GROUP BY quality", rid)
         sample_failures = _counts(session,
                                   "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = :run "
                                   "AND status = 'failed' GROUP BY 1", rid)
@@ -81,6 +84,7 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "samples_in_flight": sum(int(w["samples"] or 0) for w in workers),
             "rejected_reasons": {k: v for k, v in sorted(reasons.items()) if k != "duplicate_id"},
             "failed_reasons": sample_failures,
+            "quality": {q.value: quality[q.value] for q in Quality if quality.get(q.value)},
             "batches": batches,
             "tokens": {"prompt": int(tokens[0]), "completion": int(tokens[1])},
             "throughput": {
@@ -151,6 +155,8 @@ def render_status(runs: list[dict]) -> str:
                          f" per sample so far)   ETA by tokens {_fmt_s(p['eta_s'])}")
         if r["rejected_reasons"]:
             lines.append("  rejected  " + ", ".join(f"{k} {v}" for k, v in r["rejected_reasons"].items()))
+        if r.get("quality"):
+            lines.append("  quality   " + ", ".join(f"{k} {v:,}" for k, v in r["quality"].items()))
         if r["failed_reasons"]:
             lines.append("  failed    " + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
         for e in r["batch_errors"]:

@@ -28,6 +28,7 @@ from tests.fixtures.services import ADMIN_DSN
 from tests.support.helpers import ROOT
 
 SQL_DOC = ROOT / "docs" / "sql.md"
+FORMATS_DOC = ROOT / "docs" / "formats.md"
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc)
 RUN = "views-run"
 
@@ -251,6 +252,33 @@ def test_status_reports_samples_in_flight_and_heartbeat_ages(ledger):
     assert live["samples_in_flight"] == 2
     (worker,) = live["workers"]
     assert worker["worker"] == "gpu4@n2" and worker["samples"] == 2 and 25 <= worker["heartbeat_age_s"] <= 120
+
+
+def _documented_status() -> dict:
+    import json
+
+    block = re.search(r"## `regen status --json`\n```json\n(.*?)```", FORMATS_DOC.read_text(), flags=re.S)
+    assert block, "docs/formats.md documents `regen status --json` in a ```json block"
+    return json.loads(block.group(1))["runs"][0]
+
+
+#: Keys named by the data (reasons, classes), not by the code: compared as {str: int}, not key by key.
+OPEN_KEYS = {"rejected_reasons", "failed_reasons", "quality"}
+
+
+def test_status_json_has_exactly_the_documented_keys(ledger):
+    with ledger() as s:
+        live = run_status(s, "live")[0]
+    doc = _documented_status()
+    assert set(live) == set(doc), f"docs/formats.md drifted: code {sorted(set(live) ^ set(doc))}"
+    for key, example in doc.items():
+        if key in OPEN_KEYS:
+            assert isinstance(live[key], dict) and all(isinstance(v, int) for v in live[key].values()), key
+        elif isinstance(example, dict):
+            assert set(live[key]) == set(example), f"{key}: code {sorted(live[key])}, docs {sorted(example)}"
+        elif isinstance(example, list) and example and live[key]:
+            assert set(live[key][0]) == set(example[0]), f"{key}[0]: code {sorted(live[key][0])}"
+    assert set(live["samples"]) == {"pending", "done", "failed", "rejected", "duplicates"}
 
 
 def test_watch_renders_the_ledgers_runs(settings, ledger):

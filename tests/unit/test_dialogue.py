@@ -386,6 +386,19 @@ def test_invalid_tool_call_json_stops_and_keeps_the_turn_as_generated():
     assert engine.turns == [0]
 
 
+def test_a_call_to_a_tool_the_sample_did_not_offer_stops_with_its_own_reason():
+    sample = {**tool_conversation(["get_weather"], [WEATHER]),
+              "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
+    engine = Engine({0: call("read_file", {"path": "/etc/passwd"}), 1: "must not be generated"})
+    result = run(sample, engine, thinking=False)
+    assert result.stop_reason == "tool_not_offered: read_file"
+    assert result.messages[-1]["tool_calls"][0]["function"]["name"] == "read_file"  # kept, as generated
+    assert engine.turns == [0]
+    # An offered tool the source called goes on as before.
+    ok = run(sample, Engine({0: call("get_weather"), 1: "Sunny."}), thinking=False)
+    assert ok.stop_reason is None and ok.messages[2]["role"] == "tool"
+
+
 def test_a_different_call_on_the_last_source_turn_is_not_a_divergence():
     # Nothing follows the turn, so no cached result is needed: the conversation is complete.
     sample = {

@@ -58,7 +58,8 @@ def sample(*turns, thinking: bool = True, status: str = "done") -> dict:
         events.append({**event, "turn": n, "message_index": len(messages) - 1})
         if message.get("tool_calls"):
             messages.append({"role": "tool", "content": "{}", "tool_call_id": "call_0_0", "name": "f"})
-    return {"sample_id": "s", "status": status, "thinking": thinking, "messages": messages, "events": events}
+    return {"sample_id": "s", "status": status, "thinking": thinking, "messages": messages, "events": events,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
 
 
 CALL = [{"id": "call_0_0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
@@ -259,3 +260,23 @@ def test_an_overridden_gate_measures_but_never_pauses():
 def test_the_87_percent_stub_run_is_paused_by_the_defaults():
     decision = judge({"stub_answer": 174, "ok": 26}, T)
     assert decision.pause and "87.0%" in decision.reason
+
+
+def test_a_call_to_a_tool_not_offered_is_its_own_class():
+    offered = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    other = [{"id": "call_0_0", "type": "function", "function": {"name": "run_shell", "arguments": {}}}]
+    row = {**sample(turn(content="", tool_calls=other)), "tools": offered}
+    quality, details = classify_sample(row, T)
+    assert quality == "unoffered_tool" and details[0]["flags"] == ["unoffered_tool"]
+    # The offered tool is fine; with no tools offered at all, any call is unoffered.
+    assert classify_sample({**sample(turn(content="", tool_calls=CALL)), "tools": offered}, T)[0] == "ok"
+    assert classify_sample({**sample(turn(content="", tool_calls=CALL)), "tools": None}, T)[0] == "unoffered_tool"
+    assert "unoffered_tool" in BAD_CLASSES and DEFAULT_GATE["unoffered_tool"] == 0.10
+
+
+def test_the_ledger_constraint_admits_exactly_the_quality_classes():
+    """A new class without a migration would fail at the first commit of such a sample."""
+    import importlib
+
+    latest = importlib.import_module("migrations.versions.0004_unoffered_tool")
+    assert set(latest.AFTER) == set(CLASSES)
