@@ -210,8 +210,27 @@ class EngineHost:
                 log.exception("engine shutdown failed")
             self._llm = None
         if self._loop is not None:
+            self._finish_tasks()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+    def _finish_tasks(self, timeout_s: float = 10.0) -> None:
+        """Cancel what still runs on the loop and let it unwind before the loop stops.
+
+        vLLM's client cancels its output-queue task at shutdown but returns before the
+        task has run its cancellation; a loop stopped then destroys it pending, and
+        asyncio logs ``ERROR Task was destroyed but it is pending!`` at every clean exit.
+        """
+        async def finish() -> None:
+            me = asyncio.current_task()
+            tasks = [task for task in asyncio.all_tasks() if task is not me]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout_s)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(finish(), self._loop).result(timeout=timeout_s + 5)
 
 
 def _supported(version: str) -> bool:

@@ -86,3 +86,9 @@ def test_sample_dataset_is_regenerated_end_to_end_by_two_workers(settings, s3_en
     after = status_json(env, "e2e")
     assert after["samples"] == final["samples"]
     assert Counter(r["sample_id"] for r in output_rows(store, output)) == Counter(ids)
+    # A clean shutdown reads as one: SIGTERM, exit 0, and no ERROR line in the worker's log
+    # (vLLM's output task used to be destroyed pending: "ERROR ... Task was destroyed").
+    for worker in workers:
+        assert worker.stop() == 0, worker.log()[-3000:]
+        errors = [line for line in worker.log().splitlines() if "ERROR" in line or "Task was destroyed" in line]
+        assert not errors, "\n".join(errors[:10])
