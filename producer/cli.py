@@ -28,6 +28,8 @@ from .cli_common import (
 )
 from .cli_common import settings as _settings
 
+log = logging.getLogger("regen.cli")
+
 
 class _Group(click.Group):
     """Every RegenError a command raises is reported here, once: ``error: ...`` and ERROR_EXIT."""
@@ -181,7 +183,24 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
                        + " ".join(p.argv[1:]))
         return
+    _require_ledger_schema()
     sys.exit(run_launcher(plans))
+
+
+def _require_ledger_schema() -> None:
+    """A worker of another migration than its ledger's is refused at start (ledger/migrate.py).
+
+    An unreachable ledger is not refused: workers wait for it (a node may boot while
+    Postgres restarts), and check nothing more then.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from ledger import migrate
+
+    try:
+        migrate.require_head(_settings(None))
+    except OperationalError as e:
+        log.warning("could not check the ledger's migration (%s); starting anyway", str(e).splitlines()[0])
 
 
 @main.command()
