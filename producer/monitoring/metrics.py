@@ -88,10 +88,11 @@ class SampleCountCache:
         if entry is not None and entry[0] == fingerprint:
             return entry[1]
         by_status = {s.value: 0 for s in SampleStatus}
+        # The trigger-kept counts (migration 0005): a few rows, whatever the run's size.
         by_status.update({row[0]: int(row[1]) for row in conn.execute(text(
-            "SELECT status, count(*) FROM samples WHERE run_id = :run GROUP BY status"), {"run": run_id})})
+            "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run GROUP BY status"), {"run": run_id})})
         by_quality = {row[0]: int(row[1]) for row in conn.execute(text(
-            "SELECT quality, count(*) FROM samples WHERE run_id = :run AND quality IS NOT NULL GROUP BY quality"),
+            "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND quality <> '' GROUP BY quality"),
             {"run": run_id})}
         counts = SampleCounts(by_status, by_quality)
         with self._lock:

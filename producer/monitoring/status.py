@@ -1,7 +1,8 @@
 """``regen status``: per run, where every sample is, why rows were rejected, how fast it goes.
 
-Every figure is one aggregate query over indexed columns, so status answers in
-well under a second on a 1M-sample ledger.
+Every figure is one aggregate query over indexed columns or over the trigger-kept
+``run_sample_counts`` (a few rows per run, migration 0005), so its cost does not grow
+with the number of samples.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
     for run in runs:
         rid = run.id
         samples = {s.value: 0 for s in SampleStatus}
-        samples.update(_counts(session, "SELECT status, count(*) FROM samples WHERE run_id = :run GROUP BY status",
-                               rid))
+        # From the trigger-kept counts (migration 0005), not a scan of the run's samples.
+        samples.update(_counts(session, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run "
+                                        "GROUP BY status", rid))
         reasons = _counts(session, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = :run GROUP BY reason",
                           rid)
         duplicates = reasons.get("duplicate_id", 0)
@@ -48,9 +50,9 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
             "WHERE run_id = :run AND status = 'done' AND finished_at > now() - make_interval(secs => :w)"),
             {"run": rid, "w": RECENT_WINDOW_S}).one()
-        # Classified samples by quality class (ledger/quality.py; the gate's own counts): an index-only read.
-        quality = _counts(session, "SELECT quality, count(*) FROM samples WHERE run_id = :run AND quality IS NOT "
-                                   "NULL GROUP BY quality", rid)
+        # Classified samples by quality class (ledger/quality.py), from the same counts.
+        quality = _counts(session, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND "
+                                   "quality <> '' GROUP BY quality", rid)
         sample_failures = _counts(session,
                                   "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = :run "
                                   "AND status = 'failed' GROUP BY 1", rid)
