@@ -201,14 +201,14 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
             while len(running) < in_flight and len(finished) < len(samples) and start_next():
                 pass
         # Settled: the samples started together, so until the last of them ends the engine
-        # holds younger (shorter) conversations than a long run's, whose KV reads, and so
-        # whose steps, are cheaper: on an H200 that phase ran 1.3x faster than the run
-        # itself. Kept full with repeats for as long again, the mix in the engine is a long
-        # run's (length-biased, every age), and that is the phase measured.
+        # holds younger (shorter) conversations than a long run's, whose steps read less KV
+        # cache. Kept full with repeats for as long again, the mix in the engine is a long
+        # run's (length-biased, every age), and that is the phase measured. (Nothing runs
+        # here when every sample failed: there is nothing to repeat.)
         settled_from = time.monotonic() - t0
         tokens_by_last_sample = repeat_tokens + sum(r["usage"]["completion_tokens"] for r in rows.values())
         settled_until = 2 * settled_from
-        while time.monotonic() - t0 < settled_until:
+        while running and time.monotonic() - t0 < settled_until:
             done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             timeline.append((time.monotonic() - t0, read_generated()))
             peak = max(peak, engine.num_unfinished())
@@ -259,7 +259,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
 
 def _drain(timeline: list[tuple[float, float | None]], start_s: float, full_tokens_per_s: float | None
            ) -> dict[str, float | None]:
-    """The end of a run as the probe saw it: from the last sample's end until the engine was empty.
+    """The end of a run as the probe saw it: from the end of the settled phase until the engine was empty.
 
     ``drain_loss_s`` is the time a full engine would have saved: the drain's length less
     the tokens generated during it at the full-engine rate. It is what an engine loses at
