@@ -32,6 +32,7 @@ from ledger.orphans import die_with_parent
 from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
+from worker.engine_args import format_engine_args
 
 ROOT = Path(__file__).resolve().parents[1]
 #: vLLM's CPU build loads the tiny model in ~20-60 s; much longer when other jobs share the cores.
@@ -102,8 +103,8 @@ class WorkerProcess:
         argv = [sys.executable, "-m", "producer.cli", "worker", "--gpus", gpus, "--tp", str(tp),
                 "--concurrency", str(concurrency),
                 "--queue", queue, "--model", model, "--node-name", name, "--reconcile-s", str(reconcile_s)]
-        for key, value in engine_args.items():
-            argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+        for pair in format_engine_args(engine_args):
+            argv += ["--engine-arg", pair]
         env = {**scratch.env(), "PYTHONUNBUFFERED": "1",
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         self.log_path = Path(scratch.workdir) / f"worker-{name}.log"

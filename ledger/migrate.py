@@ -13,9 +13,15 @@ from .errors import ConfigError
 from .settings import Settings
 
 
-def alembic_config(settings: Settings) -> Config:
+def _scripts_config() -> Config:
+    """Where the migrations are: all that reading them (not running them) needs."""
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return config
+
+
+def alembic_config(settings: Settings) -> Config:
+    config = _scripts_config()
     # ConfigParser interpolation would choke on a '%' in a password.
     config.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
     return config
@@ -42,13 +48,15 @@ def current(settings: Settings) -> str | None:
         engine.dispose()
 
 
-def head() -> str:
-    """The newest migration this code ships."""
+def _scripts():
     from alembic.script import ScriptDirectory
 
-    config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
-    return ScriptDirectory.from_config(config).get_current_head()
+    return ScriptDirectory.from_config(_scripts_config())
+
+
+def head() -> str:
+    """The newest migration this code ships."""
+    return _scripts().get_current_head()
 
 
 def require_head(settings: Settings) -> None:
@@ -62,13 +70,11 @@ def require_head(settings: Settings) -> None:
     Raises:
         ConfigError: the ledger is behind (run ``regen db upgrade``) or ahead (upgrade regen).
     """
-    want, have = head(), current(settings)
+    scripts = _scripts()
+    want, have = scripts.get_current_head(), current(settings)
     if have == want:
         return
-    from alembic.script import ScriptDirectory
-
-    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config(settings)).walk_revisions()}
-    if have is None or have in known:
+    if have is None or have in {rev.revision for rev in scripts.walk_revisions()}:
         raise ConfigError(f"the ledger is at migration {have or '(none)'}, this regen needs {want}: run "
                           "`regen db upgrade` first (it is safe while old workers run; start the new ones after)")
     raise ConfigError(f"the ledger is at migration {have}, which this regen ({want}) does not know: a newer "

@@ -221,27 +221,24 @@ def classify_turn(event: Mapping[str, Any], message: Mapping[str, Any], thinking
             "repetition_share": round(share, 4)}
 
 
+def _function_name(entry: object) -> str | None:
+    """The name of a tool or a tool call: OpenAI's ``{"function": {"name"}}`` or a bare ``{"name"}``."""
+    if not isinstance(entry, Mapping):
+        return None
+    function = entry.get("function") if isinstance(entry.get("function"), Mapping) else entry
+    name = function.get("name")
+    return name if isinstance(name, str) else None
+
+
 def offered_tool_names(tools: list | None) -> set[str]:
-    """Names of the tools a sample offers (OpenAI ``{"type": "function", "function": {...}}`` or bare ``{"name"}``)."""
-    names: set[str] = set()
-    for tool in tools or []:
-        if isinstance(tool, Mapping):
-            function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-            if isinstance(function.get("name"), str):
-                names.add(function["name"])
-    return names
+    """Names of the tools a sample offers."""
+    return {name for tool in tools or [] if (name := _function_name(tool)) is not None}
 
 
 def unoffered_calls(tool_calls: list | None, tools: list | None) -> list[str]:
     """Names of the calls in ``tool_calls`` to tools ``tools`` does not offer (every call when it offers none)."""
     offered = offered_tool_names(tools)
-    names = []
-    for call in tool_calls or []:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        name = function.get("name") if isinstance(function, Mapping) else None
-        if name not in offered:
-            names.append(str(name))
-    return names
+    return [str(name) for call in tool_calls or [] if (name := _function_name(call)) not in offered]
 
 
 def _message_of(event: Mapping[str, Any], messages: list) -> Mapping[str, Any]:

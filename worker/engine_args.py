@@ -27,3 +27,8 @@ def parse_engine_args(pairs: list[str]) -> dict:
         except ValueError:
             out[key.replace("-", "_")] = value
     return out
+
+
+def format_engine_args(args: dict) -> list[str]:
+    """``key=value`` pairs that :func:`parse_engine_args` reads back as ``args`` (values as JSON)."""
+    return [f"{key}={json.dumps(value)}" for key, value in args.items()]

@@ -54,6 +54,7 @@ from bench.system_run import SystemUnderTest, WorkerRun, per_sample_budgets
 from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.local_services import local_postgres, local_redis
 from ledger.objects import ObjectStore
+from worker.engine_args import format_engine_args
 
 
 class GpuSampler:
@@ -179,8 +180,7 @@ def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: st
           flush=True)
     t0 = time.perf_counter()
     options = EstimateOptions(sample_size=args.estimate, engines=1, throughput=ThroughputChoice(),
-                              engine_args=tuple(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
-                                                for k, v in extra.items()))
+                              engine_args=tuple(format_engine_args(extra)))
     with per_sample_budgets():
         doc = estimate([str(jsonl)], config, options)
     url = save_estimate(ObjectStore.from_settings(scratch.settings), f"{scratch.output_root}/{run_name}", doc)
@@ -190,15 +190,10 @@ def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: st
 
 def compare_phase(scratch, run_name: str) -> None:
     """``regen estimate --compare`` of the run: the saved estimate beside the ledger's actuals."""
-    from producer.cli_common import ledger
-    from producer.estimate.compare import actual_from_ledger, compare
-    from producer.estimate.estimator import load_estimate
+    from producer.estimate.command import compare_run
     from producer.estimate.render import render_compare
 
-    with ledger(scratch.settings) as sessions, sessions() as session:
-        actual = actual_from_ledger(session, run_name)
-    saved = load_estimate(ObjectStore.from_settings(scratch.settings), actual["output_url"])
-    result = compare(saved, actual)
+    result = compare_run(scratch.settings, run_name)
     print(render_compare(result), flush=True)
     for row in result["rows"]:
         if row["metric"] in ("output tokens", "engine-hours") and row["error"] is not None:

@@ -7,6 +7,7 @@ import json
 import click
 
 from ledger.errors import ConfigError
+from ledger.settings import Settings
 
 from ..cli_common import ledger, run_config_from, run_config_options, store
 from ..cli_common import settings as _settings
@@ -109,19 +110,29 @@ def _save(doc: dict, output_url: str | None, save_as: str | None, database_url: 
     return save_estimate(store(settings), output_url, doc)
 
 
-def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
+def compare_run(settings: Settings, run_name: str) -> dict:
+    """The estimate saved for ``run_name`` beside what the ledger says the run took.
+
+    Raises:
+        RunNotFound: no such run.
+        ConfigError: the run has no saved estimate.
+    """
     from .compare import actual_from_ledger, compare
     from .estimator import estimate_url, load_estimate
-    from .render import render_compare
 
-    settings = _settings(database_url)
     with ledger(settings) as sessions, sessions() as session:
         actual = actual_from_ledger(session, run_name)
     saved = load_estimate(store(settings), actual["output_url"])
     if saved is None:
         raise ConfigError(f"run {run_name!r} has no saved estimate at {estimate_url(actual['output_url'])}; "
                           "save one with `regen estimate ... --output <the run's output>` (or --save-as RUN)")
-    result = compare(saved, actual)
+    return compare(saved, actual)
+
+
+def _compare(run_name: str, as_json: bool, database_url: str | None) -> None:
+    from .render import render_compare
+
+    result = compare_run(_settings(database_url), run_name)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
     else:

@@ -38,6 +38,8 @@ from ledger.dispatch import DEFAULT_QUEUE
 from ledger.settings import Settings
 from ledger.states import BatchStatus, SampleStatus
 
+from .status import sample_counts
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9464
@@ -87,14 +89,7 @@ class SampleCountCache:
             entry = self._entries.get(run_id)
         if entry is not None and entry[0] == fingerprint:
             return entry[1]
-        by_status = {s.value: 0 for s in SampleStatus}
-        # The trigger-kept counts (migration 0005): a few rows, whatever the run's size.
-        by_status.update({row[0]: int(row[1]) for row in conn.execute(text(
-            "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run GROUP BY status"), {"run": run_id})})
-        by_quality = {row[0]: int(row[1]) for row in conn.execute(text(
-            "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND quality <> '' GROUP BY quality"),
-            {"run": run_id})}
-        counts = SampleCounts(by_status, by_quality)
+        counts = SampleCounts(*sample_counts(conn, run_id))
         with self._lock:
             self._entries[run_id] = (fingerprint, counts)
         return counts

@@ -20,6 +20,18 @@ from ledger.states import BatchStatus, Quality, SampleStatus
 RECENT_WINDOW_S = 15 * 60
 
 
+def sample_counts(conn, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
+    """``(by status, by quality class)`` of a run's samples, from the trigger-kept ``run_sample_counts``
+    (migration 0005): a few rows, whatever the run's size. ``conn``: a Session or a Connection."""
+    by_status = {s.value: 0 for s in SampleStatus}
+    by_status.update(_counts(conn, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run "
+                                   "GROUP BY status", run_id))
+    quality = _counts(conn, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND quality <> '' "
+                            "GROUP BY quality", run_id)
+    # Worst class first (ledger/quality.py's order).
+    return by_status, {q.value: quality[q.value] for q in Quality if quality.get(q.value)}
+
+
 def _counts(session: Session, sql: str, run_id: int) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in session.execute(text(sql), {"run": run_id})}
 
@@ -30,10 +42,7 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
     out = []
     for run in runs:
         rid = run.id
-        samples = {s.value: 0 for s in SampleStatus}
-        # From the trigger-kept counts (migration 0005), not a scan of the run's samples.
-        samples.update(_counts(session, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run "
-                                        "GROUP BY status", rid))
+        samples, quality = sample_counts(session, rid)
         reasons = _counts(session, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = :run GROUP BY reason",
                           rid)
         duplicates = reasons.get("duplicate_id", 0)
@@ -50,9 +59,6 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
             "WHERE run_id = :run AND status = 'done' AND finished_at > now() - make_interval(secs => :w)"),
             {"run": rid, "w": RECENT_WINDOW_S}).one()
-        # Classified samples by quality class (ledger/quality.py), from the same counts.
-        quality = _counts(session, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND "
-                                   "quality <> '' GROUP BY quality", rid)
         sample_failures = _counts(session,
                                   "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = :run "
                                   "AND status = 'failed' GROUP BY 1", rid)
@@ -86,7 +92,7 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
             "samples_in_flight": sum(int(w["samples"] or 0) for w in workers),
             "rejected_reasons": {k: v for k, v in sorted(reasons.items()) if k != "duplicate_id"},
             "failed_reasons": sample_failures,
-            "quality": {q.value: quality[q.value] for q in Quality if quality.get(q.value)},
+            "quality": quality,
             "batches": batches,
             "tokens": {"prompt": int(tokens[0]), "completion": int(tokens[1])},
             "throughput": {

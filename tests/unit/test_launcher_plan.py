@@ -105,3 +105,11 @@ def test_dry_run_prints_the_plan():
     assert lines[0].startswith("gpu0-1@n7  CUDA_VISIBLE_DEVICES='0,1'")
     assert lines[1].startswith("gpu2-3@n7  CUDA_VISIBLE_DEVICES='2,3'")
     assert "--engine-arg tensor_parallel_size=2" in lines[0]
+
+
+def test_engine_args_written_as_pairs_read_back_the_same():
+    from worker.engine_args import format_engine_args, parse_engine_args
+
+    args = {"max_model_len": 8192, "load_format": "dummy", "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
+            "quoted": "a=b c"}
+    assert parse_engine_args(format_engine_args(args)) == args
