@@ -169,11 +169,16 @@ def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_ag
     cluster = sorted(os.listdir("/etc/postgresql"))[0] if os.path.isdir("/etc/postgresql") else None
     if cluster is None:
         pytest.skip("no local Postgres cluster to restart")
-    ids = _submit(farm, "pg-restart", 8, batch_size=8, max_tokens=160)
+    # 8 x 1000 tokens: seconds of generation, so Postgres stops before the batch can commit.
+    # With 8 x 160 the batch ran ~2 s and twice (full suite, CI) went from queued to done
+    # between two polls, leaving this wait to time out on a batch that had already finished.
+    ids = _submit(farm, "pg-restart", 8, batch_size=8, max_tokens=1000)
     store = ObjectStore()
     out_key = f"{farm['bucket']}/pg-restart/outputs/batch-000001.jsonl.zst"
     wait_for(lambda: batches_by_status(farm["sessions"], "pg-restart").get("running"), timeout_s=120,
-             what="the batch running", interval_s=0.1)
+             what="the batch running", interval_s=0.1,
+             on_timeout=lambda: f"{batches_by_status(farm['sessions'], 'pg-restart')}\n{farm['worker'].log()[-5000:]}")
+    assert not store.exists(out_key), "the batch must still be generating when Postgres stops"
     farm["sessions"].kw["bind"].dispose()
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "stop", "-m", "fast"], check=True)
     try:
