@@ -134,6 +134,9 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
                f"{report.samples_new:,} new samples in {report.batches_new:,} batches, "
                f"{report.samples_known:,} already registered, {report.rejected:,} rejected, "
                f"{report.duplicates:,} duplicates")
+    if config.parsers is not None:
+        click.echo(f"parsers: reasoning {config.parsers.reasoning or 'none'}, tool {config.parsers.tool or 'none'} "
+                   f"({config.parsers.chosen_by})")
     if report.batches_republished:
         click.echo(f"published {report.batches_republished} batches left unpublished by an earlier submit")
     for reason, n in sorted(report.reject_reasons.items()):

@@ -41,8 +41,13 @@ _RUN_CONFIG_OPTIONS = (
     click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True),
     click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
                  "generated without thinking (default 0.5)"),
+    click.option("--reasoning-parser", default=None, help="vLLM's reasoning parser, as `vllm serve` names it "
+                 "(qwen3, deepseek_r1, glm45, ...; none); default: read off the model's chat template"),
+    click.option("--tool-parser", default=None, help="vLLM's tool-call parser, as `vllm serve` names it "
+                 "(hermes, qwen3_coder, llama3_json, deepseek_v3, glm45, ...; none); default: from the template"),
 )
-RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share")
+RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
+                   "reasoning_parser", "tool_parser")
 
 
 def run_config_options(command: Callable) -> Callable:

@@ -1,4 +1,4 @@
-"""A run's configuration: model, effective sampling, thinking mode, and its hash.
+"""A run's configuration: model, effective sampling, thinking mode, the parsers of its output, and its hash.
 
 Sampling defaults come from the model's ``generation_config.json`` (as vLLM and
 transformers apply them) unless the run overrides them; the *effective* values are
@@ -15,6 +15,7 @@ from pathlib import Path
 from ledger.errors import ConfigError
 from ledger.hashing import config_hash
 from ledger.model_path import resolve_model
+from ledger.parsers import ParserChoice, choose_parsers
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -58,11 +59,14 @@ class RunConfig:
     thinking_off_share: float = 0.0
     seed: int = 0
     model_files: dict = field(default_factory=dict)
+    #: vLLM's reasoning and tool parsers that read the output (ledger/parsers.py); None: recorded without.
+    parsers: ParserChoice | None = None
 
     def as_record(self) -> dict:
-        """What goes into ``runs.sampling`` (and the output rows)."""
+        """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash."""
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
-                "thinking_off_share": self.thinking_off_share}
+                "thinking_off_share": self.thinking_off_share,
+                **(self.parsers.as_record() if self.parsers else {})}
 
     @property
     def hash(self) -> str:
@@ -71,7 +75,8 @@ class RunConfig:
 
 def build_run_config(model: str, *, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
                      top_k: int | None = None, seed: int | None = None, thinking: str = "on",
-                     thinking_off_share: float | None = None) -> RunConfig:
+                     thinking_off_share: float | None = None, reasoning_parser: str | None = None,
+                     tool_parser: str | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking not in THINKING_MODES:
@@ -89,6 +94,7 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
             sampling[key] = value
     if sampling["temperature"] < 0 or not 0 < sampling["top_p"] <= 1:
         raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+    parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
-                     model_files=model_fingerprint(resolved))
+                     model_files=model_fingerprint(resolved), parsers=parsers)

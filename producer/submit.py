@@ -93,13 +93,21 @@ class _Reject:
     detail: str
 
 
+def _provenance(config: RunConfig) -> dict:
+    """What the run was made from: the model's files, and how its parsers were chosen (named, or the template's)."""
+    out: dict = {"model_files": config.model_files}
+    if config.parsers is not None:
+        out["parsers"] = {**config.parsers.as_record(), "chosen_by": config.parsers.chosen_by}
+    return out
+
+
 def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
                       batch_size: int, quality_thresholds: dict | None = None) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
         run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
                                   config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
-                                  batch_size=batch_size, provenance={"model_files": config.model_files},
+                                  batch_size=batch_size, provenance=_provenance(config),
                                   quality_thresholds=quality_thresholds)
         return run, True
     if run.config_hash != config.hash:

@@ -180,7 +180,9 @@ def main() -> None:
                           "--batch-size", "32", "--max-tokens", args.max_tokens, "--seed", "0",
                           "--quality-thresholds", json.dumps(DEMO_GATE), env=env)
         print(f"      quality gate for the tiny model: {json.dumps(DEMO_GATE)}", flush=True)
-        print("      " + submitted.strip().splitlines()[0][:200], flush=True)
+        lines = submitted.strip().splitlines()
+        print("      " + lines[0][:200], flush=True)
+        print("".join(f"      {line}\n" for line in lines if line.startswith("parsers:")), end="", flush=True)
         step(5, f"regen worker --gpus none   (log: {os.path.relpath(log_path, ROOT)})")
         with open(log_path, "w") as log:
             worker = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none",

@@ -20,14 +20,10 @@ from typing import Any
 
 from ledger.errors import RegenError
 from ledger.quality import unoffered_calls
-from worker.parsing import ReasoningSplit, ToolCallParse, parse_tool_calls, split_reasoning
+from worker.parsing import ReasoningSplit, ToolCallParse
+from worker.turn_parsers import RegenQwenParser, TurnParser
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-#: End-of-turn text an engine leaves at the end when it decodes with
-#: ``skip_special_tokens=False``; in ``content`` the template would add a second one.
-#: Outermost first: a turn may end ``<|im_end|><|endoftext|>``.
-_END_OF_TURN = ("<|endoftext|>", "<|im_end|>")
 
 #: ``(messages, tools) -> prompt token ids``: the chat template, add_generation_prompt=True.
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]
@@ -100,6 +96,7 @@ async def regenerate_conversation(
     generate: Generate,
     max_turns: int = 64,
     think_end_id: int | None = None,
+    parser: TurnParser | None = None,
 ) -> ConversationResult:
     """Regenerate every assistant turn of ``sample`` with the target model.
 
@@ -111,6 +108,8 @@ async def regenerate_conversation(
         max_turns: At most this many generations; more stops with ``"max_turns"``.
         think_end_id: The ``</think>`` token id, to count reasoning and answer tokens
             from the engine's ids; without it those counts are None.
+        parser: Splits each generated turn into thought, answer and tool calls
+            (worker/turn_parsers.py: the run's vLLM parsers); default regen's Qwen parser.
 
     Returns:
         The regenerated conversation, its events and why it stopped early, if it did.
@@ -122,7 +121,8 @@ async def regenerate_conversation(
             (engine failure) propagates unchanged.
     """
     source = _checked_messages(sample)
-    walk = _Walk(sample.get("tools") or None, thinking, render, generate, max_turns, think_end_id)
+    walk = _Walk(sample.get("tools") or None, thinking, render, generate, max_turns, think_end_id,
+                 parser or RegenQwenParser())
     stop: str | None = None
 
     i = 0
@@ -162,6 +162,7 @@ class _Walk:
     generate: Generate
     max_turns: int
     think_end_id: int | None
+    parser: TurnParser
     context: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -188,11 +189,7 @@ class _Walk:
             # model) still leaves the earlier turns valid, on-policy training data.
             return f"{e.reason}: {e.detail}"
 
-        text = generation.text
-        for marker in _END_OF_TURN:
-            text = text.removesuffix(marker)
-        split = split_reasoning(text, thinking=self.thinking, finish_reason=generation.finish_reason)
-        parsed = parse_tool_calls(split.content, id_prefix=f"call_{turn}_")
+        split, parsed = self.parser.parse(generation, thinking=self.thinking, tools=self.tools, turn=turn)
         self.context.append(_assistant_message(split, parsed))
         counts = _count_reasoning(generation.token_ids, self.thinking, self.think_end_id)
         self.events.append(_event(turn, len(self.context) - 1, generation, split, parsed, counts))

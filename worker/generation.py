@@ -37,6 +37,8 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     thinking = thinking_enabled(sampling.get("thinking", "on"), float(sampling.get("thinking_off_share", 0.0)), sid)
     run_seed = int(sampling.get("seed", 0))
 
+    parser = renderer.parser_for(sampling)
+
     def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
         return renderer.render(messages, tools, thinking=thinking)
 
@@ -59,10 +61,11 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         "model": run["model"],
         "sampling": {**sampling, "seed": sample_seed(run_seed, sid, 0)},
         "provenance": run["provenance"],
+        "parser": parser.description,
     }
     try:
         result = await regenerate_conversation(sample, thinking=thinking, render=render, generate=generate,
-                                               think_end_id=renderer.think_end_id)
+                                               think_end_id=parser.think_end_id, parser=parser)
     except SampleError as e:
         row.update(status="failed", error={"reason": e.reason, "detail": e.detail}, messages=None, events=[],
                    finish_reason=None, stop_reason=None, turns=0,

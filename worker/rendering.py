@@ -1,8 +1,10 @@
-"""Render conversations with the target model's own chat template, to token ids.
+"""The target's chat format: its own template renders conversations to ids, its parsers read turns back.
 
 The ids handed to the engine are exactly ``tokenizer.apply_chat_template(messages,
 tools=tools, add_generation_prompt=True, enable_thinking=...)``: no text round
 trip, no second tokenisation, so the prompt is what the target sees in production.
+The way back is the run's parsers (ledger/parsers.py names them, worker/turn_parsers.py
+loads vLLM's classes), one instance per run config, shared by the process's batches.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from ledger.parsers import choose_parsers, recorded_parsers
+
 from .dialogue import SampleError
+from .turn_parsers import TurnParser, load_turn_parser
 
 
 class Renderer:
@@ -24,6 +29,18 @@ class Renderer:
         vocab = tokenizer.get_vocab()
         #: The id that ends a Qwen3 thought, to count reasoning vs answer tokens by id.
         self.think_end_id: int | None = vocab.get("</think>")
+        self._template = template
+        self._parsers: dict[tuple[str | None, str | None], TurnParser] = {}
+
+    def parser_for(self, sampling: dict) -> TurnParser:
+        """The parsers the run's record names; for a run recorded before regen named them, the template's."""
+        names = recorded_parsers(sampling)
+        if names is None:
+            choice = choose_parsers(str(getattr(self.tokenizer, "name_or_path", "")), template=self._template)
+            names = (choice.reasoning, choice.tool)
+        if names not in self._parsers:
+            self._parsers[names] = load_turn_parser(self.tokenizer, reasoning=names[0], tool=names[1])
+        return self._parsers[names]
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, thinking: bool) -> list[int]:
         try:

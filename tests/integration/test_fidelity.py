@@ -89,6 +89,8 @@ def test_every_row_names_the_template_hash_and_a_reproducible_seed(rows, fresh_t
         assert row["provenance"]["chat_template_sha256"] == template_hash
         assert row["provenance"]["engine"].startswith("vllm ")
         assert row["sampling"]["seed"] == sample_seed(11, row["sample_id"], 0)
+        # The run named no parsers (recorded before regen chose them): the template's, read by vLLM's classes.
+        assert row["parser"] == {"reasoning": "qwen3", "tool": "hermes", "by": row["provenance"]["engine"]}
 
 
 def test_thinking_off_prompts_end_with_the_empty_think_block_and_have_no_reasoning(rows, fresh_tokenizer):
