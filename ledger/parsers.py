@@ -26,6 +26,9 @@ from .errors import ConfigError
 
 #: "No parser": a family that does not think, or a run whose target calls no tools.
 NONE = "none"
+#: "The worker chooses from the template it loads": the model is not readable where the run is
+#: submitted (a path on the GPU nodes only, a hub id). Each row then says what was chosen.
+AUTO = "auto"
 
 #: ``vllm serve --reasoning-parser`` names (vLLM 0.32's registry; 0.26-0.33 share these).
 REASONING_PARSERS = frozenset({
@@ -49,11 +52,11 @@ TOOL_PARSERS = frozenset({
 
 @dataclass(frozen=True)
 class ParserChoice:
-    """The parsers of one run, as recorded in its config: vLLM names, or None for "no parser"."""
+    """The parsers of one run, as recorded in its config: vLLM names, None for "no parser", or AUTO."""
 
     reasoning: str | None
     tool: str | None
-    #: How the choice was made: "named" or "template: <family>".
+    #: How the choice was made: "named", "template: <family>" or "by the workers, from the template".
     chosen_by: str
 
     def as_record(self) -> dict:
@@ -129,18 +132,25 @@ def choose_parsers(model: str, *, reasoning: str | None = None, tool: str | None
 
     Args:
         model: A local model directory (its chat template is read when a name is missing).
-        reasoning, tool: ``vllm serve`` names, or ``"none"``; None means "choose for me".
+        reasoning, tool: ``vllm serve`` names, or ``"none"``; None (or ``"auto"``) means "choose for me":
+            from the template here, or AUTO (the workers choose) when the model is no local directory.
         template: The chat template, when the caller already has it (the worker's tokenizer).
 
     Raises:
         ConfigError: An unknown name, or a missing name that the template cannot decide.
     """
+    reasoning = None if reasoning == AUTO else reasoning
+    tool = None if tool == AUTO else tool
     _check_name(reasoning, REASONING_PARSERS, "--reasoning-parser")
     _check_name(tool, TOOL_PARSERS, "--tool-parser")
     if reasoning is not None and tool is not None:
         return ParserChoice(_none_to_null(reasoning), _none_to_null(tool), "named")
     if template is None:
-        template = chat_template_of(model) if Path(model).is_dir() else None
+        if not Path(model).is_dir():
+            # Not readable here: the workers read the template they load (the same for all of them).
+            return ParserChoice(_none_to_null(reasoning) if reasoning else AUTO,
+                                _none_to_null(tool) if tool else AUTO, "by the workers, from the template")
+        template = chat_template_of(model)
     detected = parsers_for_template(template) if template else None
     if detected is None:
         where = "has no chat template regen can read" if not template else "has a chat template of no family regen knows"
@@ -155,11 +165,23 @@ def choose_parsers(model: str, *, reasoning: str | None = None, tool: str | None
     )
 
 
-def recorded_parsers(sampling: dict) -> tuple[str | None, str | None] | None:
-    """The parsers a run's record names, or None for a run recorded before regen chose them."""
-    if "reasoning_parser" not in sampling and "tool_parser" not in sampling:
-        return None
-    return _none_to_null(sampling.get("reasoning_parser")), _none_to_null(sampling.get("tool_parser"))
+def recorded_parsers(sampling: dict) -> tuple[str | None, str | None]:
+    """The parsers a run's record names; AUTO where the worker must choose (also every run recorded before
+    regen named them)."""
+    return (_none_to_null(sampling.get("reasoning_parser", AUTO)), _none_to_null(sampling.get("tool_parser", AUTO)))
+
+
+def resolve_auto(recorded: tuple[str | None, str | None], model: str, template: str | None) -> ParserChoice:
+    """The recorded names with AUTO replaced by the template's choice (the worker's side of AUTO).
+
+    Raises:
+        ConfigError: A name is AUTO and the template is of no family regen knows (names the choices).
+    """
+    reasoning, tool = recorded
+    if AUTO not in recorded:
+        return ParserChoice(reasoning, tool, "named")
+    return choose_parsers(model, reasoning=None if reasoning == AUTO else reasoning or NONE,
+                          tool=None if tool == AUTO else tool or NONE, template=template or "")
 
 
 def _check_name(name: str | None, known: frozenset[str], option: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ledger.parsers import choose_parsers, recorded_parsers
+from ledger.parsers import recorded_parsers, resolve_auto
 
 from .dialogue import SampleError
 from .turn_parsers import TurnParser, load_turn_parser
@@ -30,14 +30,16 @@ class Renderer:
         #: The id that ends a Qwen3 thought, to count reasoning vs answer tokens by id.
         self.think_end_id: int | None = vocab.get("</think>")
         self._template = template
+        self._names: dict[tuple[str | None, str | None], tuple[str | None, str | None]] = {}
         self._parsers: dict[tuple[str | None, str | None], TurnParser] = {}
 
     def parser_for(self, sampling: dict) -> TurnParser:
-        """The parsers the run's record names; for a run recorded before regen named them, the template's."""
-        names = recorded_parsers(sampling)
-        if names is None:
-            choice = choose_parsers(str(getattr(self.tokenizer, "name_or_path", "")), template=self._template)
-            names = (choice.reasoning, choice.tool)
+        """The parsers the run's record names; the template's where it says AUTO (or names none: an older run)."""
+        recorded = recorded_parsers(sampling)
+        if recorded not in self._names:
+            choice = resolve_auto(recorded, str(getattr(self.tokenizer, "name_or_path", "")), self._template)
+            self._names[recorded] = (choice.reasoning, choice.tool)
+        names = self._names[recorded]
         if names not in self._parsers:
             self._parsers[names] = load_turn_parser(self.tokenizer, reasoning=names[0], tool=names[1])
         return self._parsers[names]

@@ -22,7 +22,7 @@ def write_dataset(path: Path, n: int, *, prefix: str = "s") -> Path:
 def submit(settings, sessions, tmp_path: Path, bucket: str, *, run: str = "r", n: int = 20, batch_size: int = 5,
            model: str = "tiny", max_tokens: int = 16):
     data = write_dataset(tmp_path / f"{run}.jsonl", n)
-    config = build_run_config(model, max_tokens=max_tokens, seed=1, reasoning_parser="qwen3", tool_parser="hermes")
+    config = build_run_config(model, max_tokens=max_tokens, seed=1)
     report = submit_run(sessions, make_celery(settings), ObjectStore(), [str(data)], run_name=run, config=config,
                         output_url=f"{bucket}/{run}", batch_size=batch_size, queue="regen")
     return report

@@ -148,8 +148,7 @@ def test_hostile_sample_ids_are_stored_as_data(settings, sessions, tmp_path, s3_
     data.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}]}) + "\n"
                             for i in evil))
     submit_run(sessions, mk(settings), ObjectStore(), [str(data)], run_name="evil",
-               config=build_run_config("tiny", max_tokens=8, reasoning_parser="qwen3",
-                                                   tool_parser="hermes"), output_url=f"{s3_bucket}/evil", batch_size=10,
+               config=build_run_config("tiny", max_tokens=8), output_url=f"{s3_bucket}/evil", batch_size=10,
                queue="regen")
     with sessions() as s:
         ids = {r[0] for r in s.execute(text("SELECT sample_id FROM samples"))}

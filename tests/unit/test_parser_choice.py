@@ -7,7 +7,15 @@ import json
 import pytest
 
 from ledger.errors import ConfigError
-from ledger.parsers import REASONING_PARSERS, TOOL_PARSERS, chat_template_of, choose_parsers, recorded_parsers
+from ledger.parsers import (
+    AUTO,
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    chat_template_of,
+    choose_parsers,
+    recorded_parsers,
+    resolve_auto,
+)
 from worker.tiny.model import TEMPLATE_PATH
 
 # Excerpts of each family's published template: the markers that tell them apart.
@@ -66,8 +74,20 @@ def test_a_template_of_no_known_family_asks_for_names(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}<custom>"}))
     with pytest.raises(ConfigError, match="no family regen knows.*--reasoning-parser.*qwen3.*--tool-parser.*hermes"):
         choose_parsers(str(tmp_path))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="has no chat template regen can read"):
-        choose_parsers(str(tmp_path / "missing"))
+        choose_parsers(str(tmp_path / "empty"))
+
+
+def test_a_model_not_readable_at_submit_is_left_to_the_workers_template(tmp_path):
+    """A path that exists only on the GPU nodes, or a hub id: the workers choose, each row says what."""
+    choice = choose_parsers("Qwen/Qwen3-8B", tool="hermes")
+    assert (choice.reasoning, choice.tool, choice.chosen_by) == (AUTO, "hermes", "by the workers, from the template")
+    assert choice.as_record() == {"reasoning_parser": "auto", "tool_parser": "hermes"}
+    at_worker = resolve_auto(recorded_parsers(choice.as_record()), "Qwen/Qwen3-8B", TEMPLATES["qwen3.5"])
+    assert (at_worker.reasoning, at_worker.tool) == ("qwen3", "hermes")
+    with pytest.raises(ConfigError, match="no family regen knows.*choices|no family regen knows"):
+        resolve_auto((AUTO, AUTO), "m", "{{ messages }}")
 
 
 def test_the_template_is_read_from_where_models_keep_it(tmp_path):
@@ -78,6 +98,8 @@ def test_the_template_is_read_from_where_models_keep_it(tmp_path):
     assert choose_parsers(str(tmp_path)).tool == "glm45"
 
 
-def test_a_run_recorded_before_parsers_were_named_has_none_recorded():
-    assert recorded_parsers({"temperature": 1.0}) is None
+def test_a_run_recorded_before_parsers_were_named_is_read_as_auto():
+    assert recorded_parsers({"temperature": 1.0}) == (AUTO, AUTO)
     assert recorded_parsers({"reasoning_parser": "none", "tool_parser": "hermes"}) == (None, "hermes")
+    assert resolve_auto((None, "hermes"), "m", None).chosen_by == "named"
+    assert resolve_auto((AUTO, AUTO), "m", TEMPLATES["glm45"]).tool == "glm45"

@@ -1,0 +1,189 @@
+"""Faithful to targets of other families: Llama-3 JSON calls, DeepSeek-R1 thinking and calls, GLM-4.5 XML arguments.
+
+For each family's trained tiny model (worker/tiny/families.py: its own tokens and
+template, trained to emit that family's format), the bundled conversations run
+through the engine as a worker runs them, with the parsers ``regen submit`` chose
+for the model by itself. Then, per family: every prompt is a fresh transformers
+rendering of its context; thoughts and calls come back as structured messages read by
+that family's vLLM parsers; the source's tool results follow the model's own calls;
+loss masks are exact; every regenerated turn is the model's own text; and the tokens
+export loads in SpecForge's and speculators' loaders. Qwen3's suite is test_fidelity.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from producer.dataset.normalize import normalize_row
+from tests.integration.test_export import jsonl, require
+from tests.support import finished_run as fr
+
+pytestmark = pytest.mark.engine
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
+FAMILIES = ("llama3", "deepseek_r1", "glm45")
+
+
+def _conversations(limit_per_file: int = 10) -> list[dict]:
+    out = []
+    for name in ("openai_chat.jsonl", "tools.jsonl"):
+        for i, line in enumerate((SAMPLE / name).read_text().splitlines()[:limit_per_file]):
+            sample = normalize_row(json.loads(line))
+            sample["source"] = {"file": name, "row": i + 1}
+            out.append(sample)
+    return out
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    """(name, model dir, run record, rows): one engine per family, closed before the next starts."""
+    from worker.tiny.family_model import build_tiny_model
+
+    from producer.run_config import build_run_config
+    from tests.fixtures.worker import TEST_ENGINE_ENV
+    from worker.engine import EngineHost
+    from worker.generation import generate_batch
+    from worker.rendering import Renderer
+
+    name = request.param
+    model = build_tiny_model(tmp_path_factory.mktemp("families") / name, variant="trained", family=name)
+    for key, value in TEST_ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+    config = build_run_config(str(model), max_tokens=160, seed=11, thinking="on")   # parsers: none named
+    host = EngineHost(model=str(model), engine_args={"max_model_len": 4096})
+    host.start()
+    try:
+        renderer = Renderer(host.tokenizer, host.max_model_len)
+        run = {"id": 1, "name": f"fid-{name}", "model": host.model, "config_hash": config.hash,
+               "sampling": config.as_record(),
+               "provenance": {"engine": host.engine_version, "chat_template_sha256": renderer.template_hash}}
+        rows = host.submit(generate_batch(host, renderer, _conversations(), run)).result(timeout=900)
+    finally:
+        host.shutdown()
+    return name, model, config, rows
+
+
+@pytest.fixture(scope="module")
+def fresh_tokenizer(family):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(family[1])
+
+
+def _assistant_turns(row):
+    return [(m, e) for e in row["events"] for m in [row["messages"][e["message_index"]]]]
+
+
+def test_submit_chose_the_familys_own_vllm_parsers_and_each_row_says_so(family):
+    from worker.tiny.families import FAMILIES as SPECS
+
+    name, _, config, rows = family
+    expected = (SPECS[name]["reasoning_parser"], SPECS[name]["tool_parser"])
+    assert (config.parsers.reasoning, config.parsers.tool) == expected
+    assert config.parsers.chosen_by == f"template: {name.split('_')[0]}"
+    assert config.as_record()["tool_parser"] == expected[1]
+    for row in rows:
+        assert row["parser"]["reasoning"] == expected[0] and row["parser"]["tool"] == expected[1]
+        assert row["parser"]["by"] == row["provenance"]["engine"]
+
+
+def test_every_prompt_is_a_fresh_transformers_rendering_and_masks_are_exact(family, fresh_tokenizer):
+    _, _, _, rows = family
+    checked = 0
+    for row in rows:
+        assert row["status"] == "done", row.get("error")
+        for event in row["events"]:
+            context = row["messages"][:event["message_index"]]
+            expected = fresh_tokenizer.apply_chat_template(
+                context, tools=row["tools"] or None, add_generation_prompt=True, enable_thinking=row["thinking"],
+                tokenize=True, return_dict=False)
+            assert event["prompt_token_ids"] == list(expected), (row["sample_id"], event["turn"])
+            prompt, completion = event["prompt_token_ids"], event["completion_token_ids"]
+            assert event["loss_mask"] == [0] * len(prompt) + [1] * len(completion)
+            checked += 1
+    assert checked >= len(rows)
+
+
+def test_every_regenerated_turn_is_the_models_own_text(family, fresh_tokenizer):
+    """On policy: what a later turn sees of an earlier one is what the model generated, split by its parsers."""
+    _, _, _, rows = family
+    seen = 0
+    for row in rows:
+        for message, event in _assistant_turns(row):
+            generated = fresh_tokenizer.decode(event["completion_token_ids"], skip_special_tokens=False)
+            for part in (message.get("content") or "", message.get("reasoning_content") or ""):
+                assert part.strip() in generated, (row["sample_id"], event["turn"], part[:80])
+            for call in message.get("tool_calls") or []:
+                assert call["function"]["name"] in generated
+            seen += 1
+    assert seen >= len(rows)
+
+
+def test_thoughts_are_split_off_where_the_family_thinks(family):
+    name, _, config, rows = family
+    thoughts = [m.get("reasoning_content") for row in rows for m, _ in _assistant_turns(row)]
+    if config.parsers.reasoning is None:
+        assert all(t is None for t in thoughts)
+        return
+    assert sum(bool(t) for t in thoughts) >= len(rows) // 2, thoughts
+    for row in rows:
+        for message, _ in _assistant_turns(row):
+            assert "<think>" not in (message.get("content") or "") and "</think>" not in (message.get("content") or "")
+
+
+def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
+    _, _, _, rows = family
+    calls = spliced = 0
+    for row in rows:
+        if not row["tools"]:
+            continue
+        offered = {t["function"]["name"] for t in row["tools"]}
+        messages = row["messages"]
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant" or not message.get("tool_calls"):
+                continue
+            for call in message["tool_calls"]:
+                assert isinstance(call["function"]["arguments"], dict), call
+                calls += call["function"]["name"] in offered
+            results = [m for m in messages[i + 1:i + 1 + len(message["tool_calls"])] if m["role"] == "tool"]
+            if results:
+                assert [r["tool_call_id"] for r in results] == [c["id"] for c in message["tool_calls"]]
+                assert [r["name"] for r in results] == [c["function"]["name"] for c in message["tool_calls"]]
+                spliced += 1
+    assert calls >= 3, calls
+    assert spliced >= 1, spliced
+
+
+def test_the_tokens_export_loads_in_specforge_and_speculators(family, sessions, store_for_family, s3_bucket,
+                                                             tmp_path):
+    from producer.results.export import export_run
+
+    name, model, config, rows = family
+    fr.build_run_from_rows(sessions, store_for_family, s3_bucket, rows, name=f"exp-{name}", model=str(model),
+                           config_hash=config.hash, sampling=config.as_record())
+    manifest = export_run(sessions, store_for_family, [f"exp-{name}"], "tokens", tmp_path / "tok", include_all=True)
+    exported = [r for f in manifest.files for r in jsonl(f)]
+    assert exported and all(r["input_ids"] and len(r["input_ids"]) == len(r["loss_mask"]) for r in exported)
+
+    prompt_builder = require("specforge.data.prompt_builder")
+    accepted = sum(len(prompt_builder.prepare_prompt_tasks(
+        f, None, chat_template=None, max_length=8192, is_preformatted=False, train_only_last_turn=False,
+        cache_dir=None, cache_key=None, num_proc=None)) for f in manifest.files)
+    assert accepted == len(exported)
+    require("speculators")
+    from speculators.data_generation.preprocessing import load_and_preprocess_dataset
+
+    dataset, _ = load_and_preprocess_dataset(str(model), [str(manifest.path.parent / "data")], seq_length=8192,
+                                             build_dataset_num_proc=1, token_freq_path=tmp_path / "freq.pt")
+    assert len(dataset) == len(exported)
+
+
+@pytest.fixture
+def store_for_family(s3_env):
+    from ledger.objects import ObjectStore
+
+    return ObjectStore(max_attempts=3)
