@@ -14,6 +14,7 @@ Modules::
     db.py           engine, sessions, retry_db for writes that must outlive a Postgres restart
     reconcile.py    expired leases and lost messages: rebuild the queue from the ledger
     quality.py      quality classes, thresholds, the gate that pauses a run
+    parsers.py      which vLLM reasoning and tool parsers read a run's output (named, or the template's)
     dispatch.py     the Celery app, the batch message, publish_messages
     objects.py      the S3 object store; shards.py the shard codec and keys
     settings.py     Settings; defaults.py defaults both sides share

@@ -11,8 +11,9 @@ The batch path, in order::
       generation.py    the batch on the shared engine (engine.py), each conversation turn by turn,
                        once admission.py's gate lets it in (oldest batch first, engine kept full)
         dialogue.py    on-policy regeneration of one conversation
-        rendering.py   the model's own chat template, to token ids
-        parsing.py     generated text back to an assistant message
+        rendering.py   the model's own chat template, to token ids (and the run's parsers back)
+        turn_parsers.py  a generated turn back to an assistant message: vLLM's parsers by name
+                       (vllm_compat.py finds them across versions; parsing.py: regen's Qwen fallback)
       then the output shard to S3 and batch_ledger.py's commit
 
 Beside it: probe.py (the engine half of ``regen estimate``), engine_args.py (``--engine-arg``
