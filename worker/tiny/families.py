@@ -1,0 +1,162 @@
+"""The chat families of the tiny model: their tokens, templates, turn ends and vLLM parsers.
+
+``qwen3`` is the original tiny model (built by ``worker/tiny/model.py``, unchanged).
+The others are built by ``worker/tiny/family_model.py`` with the same small Qwen3
+decoder (vLLM's CPU build needs head_dim >= 32; the architecture does not change the
+wire format) and a tokenizer, template and training data of their own. Every
+template is regen's own writing, in the family's real wire format; each model
+directory carries it in tokenizer_config.json, so the family can be recognised from
+the template's markers, as with real models.
+
+"Special" below means ``special=True`` in the tokenizer: skipped when decoding with
+``skip_special_tokens=True``. Every token listed is a single id in either case. The
+engine decodes completions with ``skip_special_tokens=False`` and hands the text,
+less the end-of-turn token, to the family's vLLM parsers.
+
+llama3 (Llama 3.1/3.2, JSON tool calling; parsers: tool ``llama3_json``, no reasoning)
+    Special: all of ``<|begin_of_text|>``, ``<|end_of_text|>``, ``<|start_header_id|>``,
+    ``<|end_header_id|>``, ``<|eot_id|>``, ``<|eom_id|>``, ``<|python_tag|>``,
+    ``<|finetune_right_pad_id|>`` (as in Llama 3). No format tokens: a call is plain
+    JSON text, ``{"name": ..., "parameters": {...}}``, several joined by ``"; "``.
+    ``<|python_tag|>`` is never written; it is there because vLLM's llama3_json
+    parser refuses a tokenizer without it. Turns end with ``<|eot_id|>``. No thinking:
+    ``enable_thinking`` and ``reasoning_content`` are ignored. Tools go in the first
+    user message; tool results in role ``ipython``.
+
+deepseek_r1 (DeepSeek-R1 / V3; parsers: reasoning ``deepseek_r1``, tool ``deepseek_v3``)
+    Special: ``<｜begin▁of▁sentence｜>``, ``<｜end▁of▁sentence｜>``, ``<｜▁pad▁｜>``. Not
+    special (as in DeepSeek's tokenizer): ``<｜User｜>``, ``<｜Assistant｜>``, ``<think>``,
+    ``</think>`` and the ``<｜tool▁...｜>`` tokens. Turns end with ``<｜end▁of▁sentence｜>``.
+    Always thinks, as R1: the generation prompt ends ``<｜Assistant｜><think>\\n``, so the
+    output is ``THOUGHT\\n</think>\\n\\nANSWER`` with no opening tag, which the
+    deepseek_r1 parser splits on ``</think>`` alone; ``enable_thinking`` is ignored
+    (R1 has no switch; the parser could not tell a thinking-off answer from a thought).
+    The template keeps the thoughts of the turns after the last user message and drops
+    earlier ones (R1's own template drops them all).
+
+glm45 (GLM-4.5/4.6; parsers: reasoning ``glm45``, tool ``glm45``)
+    Special: ``[gMASK]``, ``<sop>``, ``<|endoftext|>``, ``<|system|>``, ``<|user|>``,
+    ``<|assistant|>``, ``<|observation|>`` (as in GLM-4.5). Not special: ``<think>``,
+    ``</think>``, ``<tool_call>``, ``</tool_call>``, ``<arg_key>``, ``</arg_key>``,
+    ``<arg_value>``, ``</arg_value>``, ``<tool_response>``, ``</tool_response>``. A turn
+    has no end token: the model ends it with the next role token, ``<|user|>`` after an
+    answer and ``<|observation|>`` after tool calls; both, and ``<|endoftext|>``, stop
+    generation. Thinking on: the prompt ends ``<|assistant|>`` and the model writes
+    ``\\n<think>THOUGHT</think>\\nANSWER``; off: the prompt ends
+    ``<|assistant|>\\n<think></think>`` and the model writes ``\\nANSWER``. vLLM's glm45
+    parser must then be told ``enable_thinking=False`` (``chat_template_kwargs``), as
+    with the real model. Thoughts before the last user message are dropped (rendered as
+    the empty block), as GLM-4.5's template does.
+
+qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a tiny model of one chat family is made of."""
+
+    name: str
+    #: File name of the chat template in ``templates/``.
+    template: str
+    #: ``special=True`` tokens (the BPE never splits them; decoding can skip them).
+    special_tokens: tuple[str, ...]
+    #: ``special=False`` added tokens: single ids that stay in decoded text.
+    format_tokens: tuple[str, ...]
+    bos_token: str | None
+    eos_token: str
+    pad_token: str
+    #: The tokens that stop generation (generation_config's eos_token_id), eos first.
+    stop_tokens: tuple[str, ...]
+    reasoning_parser: str | None
+    tool_parser: str
+    #: "switch" (enable_thinking), "always" or "never".
+    thinking: str
+    #: Whether the template writes the end of an assistant turn (``eos_token``); if not,
+    #: the model ends its turn with the next role token (``turn_end``).
+    template_ends_turn: bool = True
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "top_p": 0.95})
+
+    @property
+    def template_path(self) -> Path:
+        return TEMPLATES_DIR / self.template
+
+    @property
+    def all_tokens(self) -> tuple[str, ...]:
+        return self.special_tokens + self.format_tokens
+
+    def turn_end(self, message: dict[str, Any]) -> str:
+        """The token that ends a generated assistant ``message``."""
+        if self.template_ends_turn:
+            return self.eos_token
+        return "<|observation|>" if message.get("tool_calls") else "<|user|>"
+
+
+SPECS: dict[str, Family] = {
+    # As built by worker/tiny/model.py; listed so all four families answer the same questions.
+    "qwen3": Family(
+        name="qwen3", template="qwen3_chat.jinja",
+        special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                       "</tool_response>"),
+        bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        reasoning_parser="qwen3", tool_parser="hermes", thinking="switch",
+        sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+    ),
+    "llama3": Family(
+        name="llama3", template="llama3_chat.jinja",
+        special_tokens=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                        "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"),
+        format_tokens=(),
+        bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|finetune_right_pad_id|>",
+        stop_tokens=("<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"),
+        reasoning_parser=None, tool_parser="llama3_json", thinking="never",
+        sampling={"temperature": 0.6, "top_p": 0.9},
+    ),
+    "deepseek_r1": Family(
+        name="deepseek_r1", template="deepseek_r1_chat.jinja",
+        special_tokens=("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"),
+        format_tokens=("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+                       "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                       "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
+                       "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
+        bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>", pad_token="<｜▁pad▁｜>",
+        stop_tokens=("<｜end▁of▁sentence｜>",),
+        reasoning_parser="deepseek_r1", tool_parser="deepseek_v3", thinking="always",
+    ),
+    "glm45": Family(
+        name="glm45", template="glm45_chat.jinja",
+        special_tokens=("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                        "<|observation|>"),
+        format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+                       "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>"),
+        bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        stop_tokens=("<|endoftext|>", "<|user|>", "<|observation|>"),
+        reasoning_parser="glm45", tool_parser="glm45", thinking="switch", template_ends_turn=False,
+    ),
+}
+
+#: The vLLM parsers (``--reasoning-parser``, ``--tool-call-parser``) each tiny family is made for.
+FAMILIES: dict[str, dict[str, str | None]] = {
+    name: {"reasoning_parser": spec.reasoning_parser, "tool_parser": spec.tool_parser}
+    for name, spec in SPECS.items()
+}
+
+DEFAULT_FAMILY = "qwen3"
+
+
+def family_spec(name: str) -> Family:
+    """The spec of family ``name``; ValueError for an unknown one."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown tiny-model family {name!r}; choose one of {', '.join(SPECS)}") from None
