@@ -99,9 +99,18 @@ def get_run(session: Any, run_id: int) -> RunRecord | None:
     return RunRecord.from_row(rows[0]) if rows else None
 
 
-def run_of_batch(session: Any, batch_id: int) -> tuple[str, RunRecord] | None:
-    """The batch's status and its run, or None when there is no such batch."""
+def run_of_batch(session: Any, batch_id: int) -> tuple[str, RunRecord, Any] | None:
+    """The batch's status, its run and where its input shard is (a ``shards.InputSlice``); None when
+    there is no such batch."""
     rows = fetch_dicts(session,
-        f"SELECT b.status AS batch_status, {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
+        f"SELECT b.status AS batch_status, b.input_key, b.input_offset, b.input_length, b.input_sha256, "
+        f"{', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
         "FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = %(batch)s", {"batch": batch_id})
-    return (rows[0]["batch_status"], RunRecord.from_row(rows[0])) if rows else None
+    if not rows:
+        return None
+    # Imported here: shards imports boto3 and zstandard, which the status path (list_runs) does without.
+    from .shards import InputSlice
+
+    row = rows[0]
+    where = InputSlice(row["input_key"], row["input_offset"], row["input_length"], row["input_sha256"])
+    return row["batch_status"], RunRecord.from_row(row), where

@@ -1,15 +1,16 @@
 """``regen submit``: register a dataset as a run, write input shards, enqueue batches.
 
 The producer streams the input (a 914K-row dataset is never held in memory), and
-works in *groups* of batches so there is no round trip per row: one dedupe query,
-parallel shard uploads, one transaction (COPY) and one pipelined publish per group.
+works in *groups* of batches so there is no round trip per row or per batch: one dedupe
+query, one input object (the group's shards packed, ledger/shards.py), one transaction
+(COPY) and one pipelined publish per group.
 Groups are written by one background thread, in order, while the calling thread
 reads and normalises the next group (bench/submit_scale.py measures the phases).
 
 Order of effects, so that a crash anywhere is finished by running the same submit
 again (and nothing is enqueued twice):
 
-1. upload the group's input shards (unreferenced objects may be overwritten later);
+1. upload the group's input object (unreferenced objects may be overwritten later);
 2. one transaction: batches (status ``planned``) + samples + rejected rows;
 3. publish the messages, then mark the batches ``queued``.
 
@@ -41,7 +42,7 @@ from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
 from ledger.runs import RunRecord, get_run
-from ledger.shards import encode_shard, input_shard_url, run_manifest_url
+from ledger.shards import encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
 
 from .dataset.normalize import normalize_row
@@ -50,11 +51,10 @@ from .run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
-#: Batches written per transaction. Large enough to amortise round trips
-#: (≈2,000 samples at batch size 64), small enough that a crash redoes little.
+#: Batches written per transaction and per input object. Large enough to amortise round
+#: trips (≈2,000 samples and one ~0.7 MB PUT at batch size 64; a PUT costs the producer and
+#: the store ~3 and ~5 ms of CPU whatever its size), small enough that a crash redoes little.
 GROUP_BATCHES = 32
-#: Parallel input-shard uploads (encoding included): S3 latency, not bandwidth, bounds a submit.
-UPLOAD_THREADS = 8
 #: Groups read ahead of the one being written: the reader never waits for S3, and memory
 #: holds at most this many groups plus the one in the writer.
 GROUPS_AHEAD = 1
@@ -152,7 +152,6 @@ class _Submitter:
         # Held by the dedupe (query, then look in `unwritten`) and by the writer when it drops
         # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
         self._ids_lock = threading.Lock()
-        self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="submit-upload")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
         self._in_writer: deque[Future] = deque()
         self._failed = threading.Event()
@@ -160,7 +159,6 @@ class _Submitter:
     def close(self) -> None:
         """Stop: groups not started are dropped (a rerun registers their rows), the current one finishes."""
         self._writer.shutdown(wait=True, cancel_futures=True)
-        self._uploads.shutdown(wait=True, cancel_futures=True)
 
     # -- dedupe -------------------------------------------------------------------------
     def split_known(self, samples: list[dict], rejects: list[_Reject]) -> list[dict]:
@@ -190,9 +188,11 @@ class _Submitter:
     # -- groups -------------------------------------------------------------------------
     def add_group(self, batches: list[list[dict]], rejects: list[_Reject]) -> None:
         """Number the group's batches and queue it for the writer; waits while the writer is behind."""
+        # The group's batches share one input object, named by the first of them.
+        key = input_group_url(self.run.output_url, self.next_seq)
         planned = []
         for rows in batches:
-            planned.append((self.next_seq, input_shard_url(self.run.output_url, self.next_seq), rows))
+            planned.append((self.next_seq, key, rows))
             self.next_seq += 1
         group_rejects = list(rejects)
         rejects.clear()
@@ -217,12 +217,14 @@ class _Submitter:
             raise
 
     def _write_group_in_order(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
-        # 1. shards; 2. one transaction; 3. publish, then mark queued (see the module docstring).
+        # 1. the input object; 2. one transaction; 3. publish, then mark queued (see the module docstring).
         with self.report.timed("encode_and_upload"):
-            list(self._uploads.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
+            data, ranges = pack_shards([encode_shard(rows) for _, _, rows in planned])
+            self.store.put(planned[0][1], data)
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
             batch_ids = transitions.insert_batches(s, self.run.id,
-                                                   [(seq, key, len(rows)) for seq, key, rows in planned])
+                                                   [(seq, key, len(rows)) for seq, key, rows in planned],
+                                                   input_ranges=ranges)
             transitions.copy_pending_samples(s, self.run.id, (
                 (r["sample_id"], batch_id, r["source"]["file"], r["source"]["row"])
                 for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True) for r in rows))
