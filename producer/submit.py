@@ -4,8 +4,10 @@ The producer streams the input (a 914K-row dataset is never held in memory), and
 works in *groups* of batches so there is no round trip per row or per batch: one dedupe
 query, one input object (the group's shards packed, ledger/shards.py), one transaction
 (COPY) and one pipelined publish per group.
-Groups are written by one background thread, in order, while the calling thread
-reads and normalises the next group (bench/submit_scale.py measures the phases).
+Groups are written in two stages, each one thread working in order: one encodes and
+uploads a group's input object while the other commits and publishes the group before
+it, and the calling thread reads and normalises the next group (bench/submit_scale.py
+measures the phases).
 
 Order of effects, so that a crash anywhere is finished by running the same submit
 again (and nothing is enqueued twice):
@@ -55,9 +57,10 @@ log = logging.getLogger(__name__)
 #: trips (≈2,000 samples and one ~0.7 MB PUT at batch size 64; a PUT costs the producer and
 #: the store ~3 and ~5 ms of CPU whatever its size), small enough that a crash redoes little.
 GROUP_BATCHES = 32
-#: Groups read ahead of the one being written: the reader never waits for S3, and memory
-#: holds at most this many groups plus the one in the writer.
-GROUPS_AHEAD = 1
+#: Groups read ahead of the one being committed: one being encoded and uploaded, one read
+#: meanwhile, so neither writer stage waits for the reader; memory holds at most this many
+#: groups plus the one being committed.
+GROUPS_AHEAD = 2
 DUPLICATE_REASON = "duplicate_id"
 
 #: The group's ids already in the ledger: one primary-key probe per id (the LATERAL ... LIMIT 1
@@ -148,7 +151,8 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
 
 
 class _Submitter:
-    """Plans groups on the calling (reader) thread and writes them, in order, on one writer thread."""
+    """Plans groups on the calling (reader) thread and writes them in order: an uploader thread
+    writes each group's input object, then the writer thread commits and publishes it."""
 
     def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: RunRecord,
                  report: SubmitReport):
@@ -161,13 +165,16 @@ class _Submitter:
         # Held by the dedupe (query, then look in `unwritten`) and by the writer when it drops
         # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
         self._ids_lock = threading.Lock()
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="submit-upload")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
         self._in_writer: deque[Future] = deque()
         self._failed = threading.Event()
 
     def close(self) -> None:
         """Stop: groups not started are dropped (a rerun registers their rows), the current one finishes."""
+        # The writer first: its current group may still wait for its upload, which finishes.
         self._writer.shutdown(wait=True, cancel_futures=True)
+        self._uploader.shutdown(wait=True, cancel_futures=True)
 
     # -- dedupe -------------------------------------------------------------------------
     def split_known(self, samples: list[dict], rejects: list[_Reject]) -> list[dict]:
@@ -204,7 +211,8 @@ class _Submitter:
         while len(self._in_writer) > GROUPS_AHEAD:
             with self.report.timed("reader_waits_for_writer"):
                 self._in_writer.popleft().result()
-        self._in_writer.append(self._writer.submit(self._write_group, planned, group_rejects))
+        uploaded = self._uploader.submit(self._upload_group, planned)
+        self._in_writer.append(self._writer.submit(self._write_group, planned, uploaded, group_rejects))
 
     def finish(self) -> None:
         """Wait for every queued group; raises the first writer failure."""
@@ -212,20 +220,35 @@ class _Submitter:
             with self.report.timed("reader_waits_for_writer"):
                 self._in_writer.popleft().result()
 
-    def _write_group(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
+    def _upload_group(self, planned: list[tuple[int, str, list[dict]]]) -> list[tuple[int, int, str]] | None:
+        """Step 1 (module docstring): the group's input object. Its batches' ranges; None once a group failed."""
         if self._failed.is_set():
-            return  # an earlier group failed: nothing after it is written, the reader raises its error
+            return None  # an earlier group failed: nothing after it is written, the reader raises its error
         try:
-            self._write_group_in_order(planned, rejects)
+            with self.report.timed("encode_and_upload"):
+                data, ranges = pack_shards([encode_shard(rows) for _, _, rows in planned])
+                self.store.put(planned[0][1], data)
+            return ranges
         except BaseException:
             self._failed.set()
             raise
 
-    def _write_group_in_order(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
-        # 1. the input object; 2. one transaction; 3. publish, then mark queued (see the module docstring).
-        with self.report.timed("encode_and_upload"):
-            data, ranges = pack_shards([encode_shard(rows) for _, _, rows in planned])
-            self.store.put(planned[0][1], data)
+    def _write_group(self, planned: list[tuple[int, str, list[dict]]], uploaded: Future,
+                     rejects: list[_Reject]) -> None:
+        """Steps 2 and 3, once the group's object is uploaded: never before, never out of order."""
+        if self._failed.is_set():
+            return
+        try:
+            ranges = uploaded.result()  # raises the upload's error
+            if ranges is not None:
+                self._commit_and_publish(planned, ranges, rejects)
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _commit_and_publish(self, planned: list[tuple[int, str, list[dict]]], ranges: list[tuple[int, int, str]],
+                            rejects: list[_Reject]) -> None:
+        # 2. one transaction; 3. publish, then mark queued (see the module docstring).
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
             batch_ids = transitions.insert_batches(s, self.run.id,
                                                    [(seq, key, len(rows)) for seq, key, rows in planned],
