@@ -13,6 +13,7 @@ Everything it creates is removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
@@ -68,6 +69,21 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def postgres_cpu_s(database: str) -> dict[int, float]:
+    """CPU seconds so far of each Postgres process serving ``database`` (backends, autovacuum workers).
+
+    Their process titles name the database; the server's shared processes (WAL writer,
+    checkpointer), which serve everyone on this machine, are left out.
+    """
+    cpu = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        title = " ".join(proc.info["cmdline"] or [])
+        if title.startswith("postgres:") and f" {database} " in f"{title} ":
+            with contextlib.suppress(psutil.Error):
+                cpu[proc.pid] = sum(proc.cpu_times()[:2])
+    return cpu
+
+
 def time_status_cli(env: dict[str, str], run: str, repeats: int) -> list[float]:
     """Wall time of ``regen status --run RUN`` as a user runs it (a fresh process each time)."""
     times = []
@@ -111,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average before submit: {_load()}")
         moto = psutil.Process(scratch.moto.pid)
         moto_cpu, own_cpu = sum(moto.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
+        pg_before = postgres_cpu_s(scratch.database_name)
         with PeakRss() as rss:
             t0 = time.perf_counter()
             report = submit_run(sessions, app, ObjectStore.from_settings(settings),
@@ -119,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                                 queue=scratch.queue)
             elapsed = time.perf_counter() - t0
         moto_cpu, own_cpu = sum(moto.cpu_times()[:2]) - moto_cpu, sum(psutil.Process().cpu_times()[:2]) - own_cpu
+        # Processes that ended during the submit are missed: the pool keeps its connections.
+        pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in postgres_cpu_s(scratch.database_name).items())
         load_after = _load()
         queue_len = redis.llen(scratch.queue)
         queue_bytes = redis.memory_usage(scratch.queue, samples=0) or 0
@@ -151,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(load average after: {load_after})")
     print(f"  {report.samples_new:,} samples in {report.batches_new:,} batches of {args.batch_size}, "
           f"{report.rejected:,} rejected, {report.duplicates:,} duplicates")
-    print(f"  CPU used during the submit: producer {own_cpu:.1f} s, moto S3 server {moto_cpu:.1f} s "
-          f"(of {2 * elapsed:.0f} core-seconds on 2 cores)")
+    print(f"  CPU used during the submit: producer {own_cpu:.1f} s, moto S3 server {moto_cpu:.1f} s, "
+          f"Postgres (this database's processes) {pg_cpu:.1f} s (of {2 * elapsed:.0f} core-seconds on 2 cores)")
     timings = getattr(report, "timings_s", None) or {}
     if timings:
         print("  busy time per phase (phases overlap: reading runs while the previous group is written):")

@@ -11,6 +11,7 @@ Modules::
     states.py       every status and the transitions allowed between them
     transitions.py  every status write: the only place a status changes
     runs.py         the run record (RunRecord), read by name or id
+    reads.py        read queries on a psycopg connection or a SQLAlchemy session alike (regen status)
     db.py           engine, sessions, retry_db for writes that must outlive a Postgres restart
     reconcile.py    expired leases and lost messages: rebuild the queue from the ledger
     quality.py      quality classes, thresholds, the gate that pauses a run

@@ -79,6 +79,11 @@ class Batch(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     input_key: Mapped[str] = mapped_column(Text)
+    #: The batch's shard as a byte range of ``input_key`` (a packed object, migration 0006) and
+    #: the range's SHA-256; NULL in all three: the whole object is the batch's shard.
+    input_offset: Mapped[int | None] = mapped_column(BigInteger)
+    input_length: Mapped[int | None] = mapped_column(BigInteger)
+    input_sha256: Mapped[str | None] = mapped_column(String(64))
     output_key: Mapped[str | None] = mapped_column(Text)
     output_sha256: Mapped[str | None] = mapped_column(String(64))
     n_samples: Mapped[int] = mapped_column(Integer)
@@ -89,6 +94,9 @@ class Batch(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "seq", name="batches_run_seq_key"),
         CheckConstraint(_in("status", BatchStatus), name="batches_status_check"),
+        CheckConstraint("(input_offset IS NULL AND input_length IS NULL AND input_sha256 IS NULL) OR "
+                        "(input_offset >= 0 AND input_length > 0 AND input_sha256 IS NOT NULL)",
+                        name="batches_input_range_check"),
         Index("batches_run_status_idx", "run_id", "status"),
     )
 

@@ -316,6 +316,34 @@ class ObjectStore:
             raise ChecksumMismatch(f"s3 get {url}: stored sha256={expected}, read sha256={actual}")
         return body
 
+    def get_range(self, url: str, offset: int, length: int, *, sha256: str) -> bytes:
+        """Read ``length`` bytes at ``offset`` of an object and check them against ``sha256`` (hex).
+
+        For one batch's shard in a packed input object (ledger/shards.py): the store's
+        checksum covers the whole object, not a range, so the caller's digest (the
+        ledger's) is what proves these bytes.
+
+        Raises:
+            StoreError: as ``get``; ``code="InvalidRange"`` (permanent) past the object's end.
+            ChecksumMismatch: fewer bytes than asked for, or bytes whose SHA-256 differs.
+        """
+        if offset < 0 or length <= 0:
+            raise ValueError(f"s3 get_range {url}: bad range offset={offset} length={length}")
+        bucket, key = parse_s3_url(url)
+
+        def attempt() -> bytes:
+            response = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+            return response["Body"].read()
+
+        body = self._call("get_range", url, attempt)
+        if len(body) != length:
+            raise ChecksumMismatch(f"s3 get_range {url}: {len(body)} bytes at {offset}, expected {length}")
+        actual = hashlib.sha256(body).hexdigest()
+        if actual != sha256:
+            raise ChecksumMismatch(f"s3 get_range {url} [{offset}, +{length}): stored sha256={sha256}, "
+                                   f"read sha256={actual}")
+        return body
+
     def head(self, url: str) -> ObjectInfo | None:
         """Describe the object at ``url``, or None if there is none.
 

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Any
-
-from sqlalchemy import text
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from .errors import RunNotFound
-from .quality import Thresholds
+from .reads import fetch_dicts
+
+if TYPE_CHECKING:
+    from .quality import Thresholds
 
 _COLUMNS = ("id, name, model, sampling, config_hash, output_url, queue, batch_size, status, status_reason, "
             "provenance, quality_thresholds, created_at")
@@ -57,6 +57,10 @@ class RunRecord:
     @cached_property
     def thresholds(self) -> Thresholds:
         """Read once per record: report and export classify every row with it."""
+        # Imported here: ledger.quality pulls in SQLAlchemy and the ORM models, which
+        # `regen status` (a reader of runs that never classifies) does without.
+        from .quality import Thresholds
+
         return Thresholds.from_json(self.quality_thresholds)
 
     def for_worker(self) -> dict:
@@ -66,36 +70,47 @@ class RunRecord:
                 "quality_thresholds": self.quality_thresholds}
 
 
-def find_run(session: Session, name: str, *, for_update: bool = False) -> RunRecord:
+def find_run(session: Any, name: str, *, for_update: bool = False) -> RunRecord:
     """The run called ``name``; ``for_update`` also takes its row lock (as commits do).
+
+    ``session``, here and below: a SQLAlchemy Session or Connection, or a psycopg
+    connection (ledger/reads.py).
 
     Raises:
         RunNotFound: no run has this name.
     """
     lock = " FOR UPDATE" if for_update else ""
-    row = session.execute(text(f"SELECT {_COLUMNS} FROM runs WHERE name = :name{lock}"),
-                          {"name": name}).mappings().first()
-    if row is None:
+    rows = fetch_dicts(session, f"SELECT {_COLUMNS} FROM runs WHERE name = %(name)s{lock}", {"name": name})
+    if not rows:
         raise RunNotFound(name)
-    return RunRecord.from_row(row)
+    return RunRecord.from_row(rows[0])
 
 
-def list_runs(session: Session, name: str | None = None) -> list[RunRecord]:
+def list_runs(session: Any, name: str | None = None) -> list[RunRecord]:
     """Every run, oldest first, or only the one called ``name`` (an empty list if there is none)."""
-    where, params = ("WHERE name = :name", {"name": name}) if name is not None else ("", {})
-    rows = session.execute(text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id"), params).mappings()
-    return [RunRecord.from_row(row) for row in rows]
+    where, params = ("WHERE name = %(name)s", {"name": name}) if name is not None else ("", {})
+    return [RunRecord.from_row(row)
+            for row in fetch_dicts(session, f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id", params)]
 
 
-def get_run(session: Session, run_id: int) -> RunRecord | None:
+def get_run(session: Any, run_id: int) -> RunRecord | None:
     """The run with this id, or None (deleted by ``regen clean --ledger``)."""
-    row = session.execute(text(f"SELECT {_COLUMNS} FROM runs WHERE id = :id"), {"id": run_id}).mappings().first()
-    return None if row is None else RunRecord.from_row(row)
+    rows = fetch_dicts(session, f"SELECT {_COLUMNS} FROM runs WHERE id = %(id)s", {"id": run_id})
+    return RunRecord.from_row(rows[0]) if rows else None
 
 
-def run_of_batch(session: Session, batch_id: int) -> tuple[str, RunRecord] | None:
-    """The batch's status and its run, or None when there is no such batch."""
-    row = session.execute(text(
-        f"SELECT b.status AS batch_status, {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
-        "FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = :batch"), {"batch": batch_id}).mappings().first()
-    return None if row is None else (row["batch_status"], RunRecord.from_row(row))
+def run_of_batch(session: Any, batch_id: int) -> tuple[str, RunRecord, Any] | None:
+    """The batch's status, its run and where its input shard is (a ``shards.InputSlice``); None when
+    there is no such batch."""
+    rows = fetch_dicts(session,
+        f"SELECT b.status AS batch_status, b.input_key, b.input_offset, b.input_length, b.input_sha256, "
+        f"{', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
+        "FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = %(batch)s", {"batch": batch_id})
+    if not rows:
+        return None
+    # Imported here: shards imports boto3 and zstandard, which the status path (list_runs) does without.
+    from .shards import InputSlice
+
+    row = rows[0]
+    where = InputSlice(row["input_key"], row["input_offset"], row["input_length"], row["input_sha256"])
+    return row["batch_status"], RunRecord.from_row(row), where

@@ -35,6 +35,11 @@ def sqlalchemy_url(url: str) -> str:
                       f"(got something starting with {url[:12]!r})")
 
 
+def libpq_url(url: str) -> str:
+    """The same database as :func:`sqlalchemy_url` names, in the ``postgresql://`` form psycopg connects to."""
+    return "postgresql://" + sqlalchemy_url(url)[len("postgresql+psycopg://"):]
+
+
 def redact(url: str) -> str:
     """A URL fit for logs: the password, if any, replaced by ***."""
     if "://" not in url or "@" not in url:
@@ -80,3 +85,8 @@ class Settings:
     @property
     def sqlalchemy_url(self) -> str:
         return sqlalchemy_url(self.database_url)
+
+    @property
+    def libpq_url(self) -> str:
+        """For a plain psycopg connection (ledger/reads.py): validated as ``sqlalchemy_url`` is."""
+        return libpq_url(self.database_url)

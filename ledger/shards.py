@@ -8,23 +8,34 @@ or damaged object fails loudly instead of yielding fewer rows.
 Layout under a run's output URL::
 
     <output>/run.json                            the run manifest
-    <output>/inputs/batch-000042.jsonl.zst       input shard of batch 42
+    <output>/inputs/group-000033.jsonl.zst       input shards of batches 33-64, packed (a submit)
+    <output>/inputs/batch-000042.jsonl.zst       input shard of batch 42 alone (retry --failed, older runs)
     <output>/outputs/batch-000042.jsonl.zst      output shard of batch 42
+
+A packed input object is the batches' shards one after another: each a complete zstd
+frame, so the object as a whole is also one valid zstd stream of JSON lines. The ledger
+keeps each batch's byte range and the range's SHA-256 (``InputSlice``, migration 0006): a
+worker reads and verifies its batch alone. Packing is for the store's sake: one PUT per
+32 batches instead of one per batch (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zstandard
 
 from .errors import ShardError
 from .objects import join_key, sha256_hex
 
-__all__ = ["decode_shard", "encode_shard", "input_shard_url", "output_shard_url", "run_manifest_url",
-           "sha256_hex"]
+if TYPE_CHECKING:
+    from .objects import ObjectStore
+
+__all__ = ["InputSlice", "decode_packed", "decode_shard", "encode_shard", "input_group_url", "input_shard_url",
+           "output_shard_url", "pack_shards", "read_input_shard", "run_manifest_url", "sha256_hex"]
 
 #: zstd level 3 (zstd's default): ~5x on chat JSON at hundreds of MB/s; higher
 #: levels cost CPU on the GPU nodes for a few percent of storage.
@@ -94,6 +105,62 @@ def decode_shard(data: bytes) -> Iterator[dict[str, Any]]:
         raise ShardError(f"corrupt shard: line {line_number + 1} has no trailing newline")
 
 
+@dataclass(frozen=True)
+class InputSlice:
+    """Where a batch's input shard is: ``key``, and in a packed object its byte range and the range's SHA-256.
+
+    ``offset`` None: the whole object is the shard (checked against the store's own checksum).
+    """
+
+    key: str
+    offset: int | None = None
+    length: int | None = None
+    sha256: str | None = None
+
+
+def pack_shards(shards: Sequence[bytes]) -> tuple[bytes, list[tuple[int, int, str]]]:
+    """One object holding ``shards`` back to back, and ``(offset, length, sha256)`` of each in it."""
+    ranges, offset = [], 0
+    for shard in shards:
+        ranges.append((offset, len(shard), sha256_hex(shard)))
+        offset += len(shard)
+    return b"".join(shards), ranges
+
+
+def read_input_shard(store: ObjectStore, where: InputSlice) -> bytes:
+    """A batch's input shard, verified: the whole object, or its range in a packed object.
+
+    Raises:
+        StoreError, ChecksumMismatch: as ``ObjectStore.get`` / ``get_range``.
+    """
+    if where.offset is None:
+        return store.get(where.key)
+    assert where.length is not None and where.sha256 is not None  # the ledger's check constraint
+    return store.get_range(where.key, where.offset, where.length, sha256=where.sha256)
+
+
+def decode_packed(data: bytes) -> Iterator[dict[str, Any]]:
+    """The rows of every shard of a packed input object (or of a single shard), in order.
+
+    For whole-object readers (tests, tools); a worker reads its own range instead.
+
+    Raises:
+        ShardError: as ``decode_shard``, for any of the frames.
+    """
+    rest = data
+    while rest:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            frame.decompress(rest)
+        except zstandard.ZstdError as e:
+            raise ShardError(f"corrupt packed object at byte {len(data) - len(rest)}: {e}") from e
+        if not frame.eof:
+            raise ShardError(f"truncated packed object: its last frame ends early ({len(data)} bytes read)")
+        used = len(rest) - len(frame.unused_data)
+        yield from decode_shard(rest[:used])
+        rest = rest[used:]
+
+
 def _parse_line(line: bytes, line_number: int) -> dict[str, Any]:
     try:
         row = json.loads(line)
@@ -113,6 +180,15 @@ def _batch_file(seq: int) -> str:
 def input_shard_url(output_url: str, seq: int) -> str:
     """``<output>/inputs/batch-{seq:06d}.jsonl.zst``: the rows of batch ``seq``."""
     return join_key(output_url, "inputs", _batch_file(seq))
+
+
+def input_group_url(output_url: str, first_seq: int) -> str:
+    """``<output>/inputs/group-{first_seq:06d}.jsonl.zst``: the packed input shards of a submit's group.
+
+    Named by its first batch: seqs are never reused, so a rerun of a crashed submit
+    overwrites the group object nothing references yet, never one the ledger names.
+    """
+    return join_key(output_url, "inputs", f"group-{_batch_file(first_seq)[len('batch-'):]}")
 
 
 def output_shard_url(output_url: str, seq: int) -> str:

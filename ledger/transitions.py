@@ -56,23 +56,33 @@ _ACTIVE, _PAUSED, _FINISHED = RunStatus.ACTIVE.value, RunStatus.PAUSED.value, Ru
 # --- batches --------------------------------------------------------------------------------
 
 _INSERT_BATCHES = _transition("batches", (), (_P, _Q), """
-INSERT INTO batches (run_id, seq, status, input_key, n_samples, attempts, failures)
-SELECT :run, seq, :status, key, n, 0, 0
-FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:ns AS int[])) AS t(seq, key, n)
+INSERT INTO batches (run_id, seq, status, input_key, input_offset, input_length, input_sha256, n_samples,
+                     attempts, failures)
+SELECT :run, seq, :status, key, off, len, sha, n, 0, 0
+FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:offs AS bigint[]), CAST(:lens AS bigint[]),
+            CAST(:shas AS text[]), CAST(:ns AS int[])) AS t(seq, key, off, len, sha, n)
 RETURNING id, seq""")
 
 
 def insert_batches(session: Session, run_id: int, planned: Sequence[tuple[int, str, int]], *,
-                   status: BatchStatus = BatchStatus.PLANNED) -> list[int]:
+                   status: BatchStatus = BatchStatus.PLANNED,
+                   input_ranges: Sequence[tuple[int, int, str]] | None = None) -> list[int]:
     """New batches, ``(seq, input_key, n_samples)`` each, in one statement; their ids in that order.
 
     ``planned`` (submit: published after the commit, a crash leaves them for the next
     submit) or ``queued`` (retry --failed: published right after its commit).
+    ``input_ranges``: ``(offset, length, sha256)`` of each batch's shard in a packed
+    ``input_key`` (ledger/shards.py), in the order of ``planned``; None: each key is its
+    batch's own object.
     """
     if status not in (BatchStatus.PLANNED, BatchStatus.QUEUED):
         raise ValueError(f"a new batch cannot start {status.value}")
+    if input_ranges is not None and len(input_ranges) != len(planned):
+        raise ValueError(f"{len(input_ranges)} input ranges for {len(planned)} batches")
+    ranges = input_ranges if input_ranges is not None else [(None, None, None)] * len(planned)
     rows = session.execute(_INSERT_BATCHES, {
         "run": run_id, "status": status.value, "seqs": [p[0] for p in planned], "keys": [p[1] for p in planned],
+        "offs": [r[0] for r in ranges], "lens": [r[1] for r in ranges], "shas": [r[2] for r in ranges],
         "ns": [p[2] for p in planned]}).all()
     by_seq = {r.seq: r.id for r in rows}
     return [by_seq[seq] for seq, _, _ in planned]

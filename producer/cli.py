@@ -220,10 +220,14 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
         from .monitoring.watch import watch_status
 
         sys.exit(watch_status(_settings(database_url), run_name, interval_s=interval))
+    # psycopg alone, no SQLAlchemy engine: importing SQLAlchemy would cost this command
+    # more than its queries (ledger/reads.py); tests/integration/test_status_imports.py keeps it so.
+    from ledger.reads import connect
+
     from .monitoring.status import render_status, run_status
 
-    with ledger(_settings(database_url)) as sessions, sessions() as session:
-        runs = run_status(session, run_name)
+    with connect(_settings(database_url)) as conn:
+        runs = run_status(conn, run_name)
     if run_name and not runs:
         raise RunNotFound(run_name)
     if as_json:

@@ -18,7 +18,7 @@ from ledger.dispatch import BatchMessage, publish_messages
 from ledger.models import Batch
 from ledger.objects import ObjectStore
 from ledger.runs import find_run
-from ledger.shards import decode_shard, encode_shard, input_shard_url
+from ledger.shards import InputSlice, decode_shard, encode_shard, input_shard_url, read_input_shard
 from ledger.states import BatchStatus
 
 
@@ -46,17 +46,20 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
     with sessions() as s:
         run = find_run(s, run_name)
         failed = s.execute(text(
-            "SELECT s.sample_id, b.input_key FROM samples s JOIN batches b ON b.id = s.batch_id "
+            "SELECT s.sample_id, b.input_key, b.input_offset, b.input_length, b.input_sha256 "
+            "FROM samples s JOIN batches b ON b.id = s.batch_id "
             "WHERE s.run_id = :run AND s.status = 'failed' ORDER BY b.seq, s.sample_id"), {"run": run.id}).all()
         next_seq = (s.scalar(select(func.max(Batch.seq)).where(Batch.run_id == run.id)) or 0) + 1
     if not failed:
         return report
-    wanted: dict[str, set[str]] = {}
+    # By input shard: a batch's own object, or its range in a packed one.
+    wanted: dict[InputSlice, set[str]] = {}
     for r in failed:
-        wanted.setdefault(r.input_key, set()).add(r.sample_id)
+        wanted.setdefault(InputSlice(r.input_key, r.input_offset, r.input_length, r.input_sha256),
+                          set()).add(r.sample_id)
     rows = []
-    for key, ids in wanted.items():
-        rows.extend(row for row in decode_shard(store.get(key)) if row["sample_id"] in ids)
+    for where, ids in wanted.items():
+        rows.extend(row for row in decode_shard(read_input_shard(store, where)) if row["sample_id"] in ids)
     published = []
     for i in range(0, len(rows), run.batch_size):
         chunk = rows[i:i + run.batch_size]

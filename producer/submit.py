@@ -1,15 +1,18 @@
 """``regen submit``: register a dataset as a run, write input shards, enqueue batches.
 
 The producer streams the input (a 914K-row dataset is never held in memory), and
-works in *groups* of batches so there is no round trip per row: one dedupe query,
-parallel shard uploads, one transaction (COPY) and one pipelined publish per group.
-Groups are written by one background thread, in order, while the calling thread
-reads and normalises the next group (bench/submit_scale.py measures the phases).
+works in *groups* of batches so there is no round trip per row or per batch: one dedupe
+query, one input object (the group's shards packed, ledger/shards.py), one transaction
+(COPY) and one pipelined publish per group.
+Groups are written in two stages, each one thread working in order: one encodes and
+uploads a group's input object while the other commits and publishes the group before
+it, and the calling thread reads and normalises the next group (bench/submit_scale.py
+measures the phases).
 
 Order of effects, so that a crash anywhere is finished by running the same submit
 again (and nothing is enqueued twice):
 
-1. upload the group's input shards (unreferenced objects may be overwritten later);
+1. upload the group's input object (unreferenced objects may be overwritten later);
 2. one transaction: batches (status ``planned``) + samples + rejected rows;
 3. publish the messages, then mark the batches ``queued``.
 
@@ -41,7 +44,7 @@ from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
 from ledger.runs import RunRecord, get_run
-from ledger.shards import encode_shard, input_shard_url, run_manifest_url
+from ledger.shards import encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
 
 from .dataset.normalize import normalize_row
@@ -50,15 +53,24 @@ from .run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
-#: Batches written per transaction. Large enough to amortise round trips
-#: (≈2,000 samples at batch size 64), small enough that a crash redoes little.
+#: Batches written per transaction and per input object. Large enough to amortise round
+#: trips (≈2,000 samples and one ~0.7 MB PUT at batch size 64; a PUT costs the producer and
+#: the store ~3 and ~5 ms of CPU whatever its size), small enough that a crash redoes little.
 GROUP_BATCHES = 32
-#: Parallel input-shard uploads (encoding included): S3 latency, not bandwidth, bounds a submit.
-UPLOAD_THREADS = 8
-#: Groups read ahead of the one being written: the reader never waits for S3, and memory
-#: holds at most this many groups plus the one in the writer.
-GROUPS_AHEAD = 1
+#: Groups read ahead of the one being committed: one being encoded and uploaded, one read
+#: meanwhile, so neither writer stage waits for the reader; memory holds at most this many
+#: groups plus the one being committed.
+GROUPS_AHEAD = 2
 DUPLICATE_REASON = "duplicate_id"
+
+#: The group's ids already in the ledger: one primary-key probe per id (the LATERAL ... LIMIT 1
+#: keeps the planner from flattening it). ``sample_id = ANY(:ids)`` let the planner, whose
+#: statistics lag a table that a submit grows from nothing, scan every sample of the run
+#: and filter: ~95 ms per group at 900K samples (~6 ms probed), and quadratic over a submit.
+_KNOWN_SAMPLES = text(
+    "SELECT s.sample_id, s.source_file, s.source_row FROM unnest(CAST(:ids AS text[])) AS wanted(id) "
+    "CROSS JOIN LATERAL (SELECT sample_id, source_file, source_row FROM samples "
+    "WHERE run_id = :run AND sample_id = wanted.id LIMIT 1) AS s")
 
 
 @dataclass
@@ -147,7 +159,8 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
 
 
 class _Submitter:
-    """Plans groups on the calling (reader) thread and writes them, in order, on one writer thread."""
+    """Plans groups on the calling (reader) thread and writes them in order: an uploader thread
+    writes each group's input object, then the writer thread commits and publishes it."""
 
     def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: RunRecord,
                  report: SubmitReport):
@@ -160,15 +173,16 @@ class _Submitter:
         # Held by the dedupe (query, then look in `unwritten`) and by the writer when it drops
         # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
         self._ids_lock = threading.Lock()
-        self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="submit-upload")
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="submit-upload")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
         self._in_writer: deque[Future] = deque()
         self._failed = threading.Event()
 
     def close(self) -> None:
         """Stop: groups not started are dropped (a rerun registers their rows), the current one finishes."""
+        # The writer first: its current group may still wait for its upload, which finishes.
         self._writer.shutdown(wait=True, cancel_futures=True)
-        self._uploads.shutdown(wait=True, cancel_futures=True)
+        self._uploader.shutdown(wait=True, cancel_futures=True)
 
     # -- dedupe -------------------------------------------------------------------------
     def split_known(self, samples: list[dict], rejects: list[_Reject]) -> list[dict]:
@@ -176,11 +190,7 @@ class _Submitter:
         ids = list({s["sample_id"] for s in samples})
         fresh: list[dict] = []
         with self._ids_lock, self.sessions() as s:
-            rows = s.execute(
-                text("SELECT sample_id, source_file, source_row FROM samples "
-                     "WHERE run_id = :run AND sample_id = ANY(:ids)"),
-                {"run": self.run.id, "ids": ids},
-            ).all()
+            rows = s.execute(_KNOWN_SAMPLES, {"run": self.run.id, "ids": ids}).all()
             known = {r.sample_id: (r.source_file, r.source_row) for r in rows}
             for sample in samples:
                 src = (sample["source"]["file"], sample["source"]["row"])
@@ -198,16 +208,19 @@ class _Submitter:
     # -- groups -------------------------------------------------------------------------
     def add_group(self, batches: list[list[dict]], rejects: list[_Reject]) -> None:
         """Number the group's batches and queue it for the writer; waits while the writer is behind."""
+        # The group's batches share one input object, named by the first of them.
+        key = input_group_url(self.run.output_url, self.next_seq)
         planned = []
         for rows in batches:
-            planned.append((self.next_seq, input_shard_url(self.run.output_url, self.next_seq), rows))
+            planned.append((self.next_seq, key, rows))
             self.next_seq += 1
         group_rejects = list(rejects)
         rejects.clear()
         while len(self._in_writer) > GROUPS_AHEAD:
             with self.report.timed("reader_waits_for_writer"):
                 self._in_writer.popleft().result()
-        self._in_writer.append(self._writer.submit(self._write_group, planned, group_rejects))
+        uploaded = self._uploader.submit(self._upload_group, planned)
+        self._in_writer.append(self._writer.submit(self._write_group, planned, uploaded, group_rejects))
 
     def finish(self) -> None:
         """Wait for every queued group; raises the first writer failure."""
@@ -215,22 +228,39 @@ class _Submitter:
             with self.report.timed("reader_waits_for_writer"):
                 self._in_writer.popleft().result()
 
-    def _write_group(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
+    def _upload_group(self, planned: list[tuple[int, str, list[dict]]]) -> list[tuple[int, int, str]] | None:
+        """Step 1 (module docstring): the group's input object. Its batches' ranges; None once a group failed."""
         if self._failed.is_set():
-            return  # an earlier group failed: nothing after it is written, the reader raises its error
+            return None  # an earlier group failed: nothing after it is written, the reader raises its error
         try:
-            self._write_group_in_order(planned, rejects)
+            with self.report.timed("encode_and_upload"):
+                data, ranges = pack_shards([encode_shard(rows) for _, _, rows in planned])
+                self.store.put(planned[0][1], data)
+            return ranges
         except BaseException:
             self._failed.set()
             raise
 
-    def _write_group_in_order(self, planned: list[tuple[int, str, list[dict]]], rejects: list[_Reject]) -> None:
-        # 1. shards; 2. one transaction; 3. publish, then mark queued (see the module docstring).
-        with self.report.timed("encode_and_upload"):
-            list(self._uploads.map(lambda p: self.store.put(p[1], encode_shard(p[2])), planned))
+    def _write_group(self, planned: list[tuple[int, str, list[dict]]], uploaded: Future,
+                     rejects: list[_Reject]) -> None:
+        """Steps 2 and 3, once the group's object is uploaded: never before, never out of order."""
+        if self._failed.is_set():
+            return
+        try:
+            ranges = uploaded.result()  # raises the upload's error
+            if ranges is not None:
+                self._commit_and_publish(planned, ranges, rejects)
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _commit_and_publish(self, planned: list[tuple[int, str, list[dict]]], ranges: list[tuple[int, int, str]],
+                            rejects: list[_Reject]) -> None:
+        # 2. one transaction; 3. publish, then mark queued (see the module docstring).
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
             batch_ids = transitions.insert_batches(s, self.run.id,
-                                                   [(seq, key, len(rows)) for seq, key, rows in planned])
+                                                   [(seq, key, len(rows)) for seq, key, rows in planned],
+                                                   input_ranges=ranges)
             transitions.copy_pending_samples(s, self.run.id, (
                 (r["sample_id"], batch_id, r["source"]["file"], r["source"]["row"])
                 for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True) for r in rows))

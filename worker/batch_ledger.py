@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ledger import transitions
 from ledger.db import retry_db
 from ledger.runs import run_of_batch
+from ledger.shards import InputSlice
 from ledger.states import BatchStatus, RunStatus
 
 
@@ -39,6 +40,8 @@ class Claim:
     attempt: int = 0
     #: The run's ``RunRecord.for_worker()``: the dict the batch path takes.
     run: dict | None = None
+    #: Where the batch's input shard is, as the ledger says (its range in a packed object).
+    input: InputSlice | None = None
 
 
 def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
@@ -48,10 +51,10 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
             found = run_of_batch(s, batch_id)
             if found is None:
                 return Claim(ClaimOutcome.MISSING)
-            batch_status, record = found
+            batch_status, record, where = found
             run = record.for_worker()
             if attempt is not None:
-                return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run)
+                return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run, input=where)
             if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
                 return Claim(ClaimOutcome.ALREADY_DONE, run=run)
             if record.status == RunStatus.PAUSED.value:

@@ -16,7 +16,7 @@ from ledger.dispatch import BatchMessage
 from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
-from ledger.shards import decode_shard, encode_shard, output_shard_url
+from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
 
 from .batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from .engine import EngineDead
@@ -59,12 +59,12 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         log.info("batch %s (seq %s): %s, acknowledging without generating", msg.batch_id, msg.seq,
                  claim.outcome.value)
         return Outcome(claim.outcome.value, msg.batch_id)
-    attempt, run = claim.attempt, claim.run
-    assert run is not None
+    attempt, run, where = claim.attempt, claim.run, claim.input
+    assert run is not None and where is not None
     rt.hold(msg.batch_id, attempt)
     log.info("batch %s (run %s, seq %s) attempt %s started", msg.batch_id, run["name"], msg.seq, attempt)
     try:
-        return _generate_upload_commit(rt, msg, run, attempt)
+        return _generate_upload_commit(rt, msg, run, attempt, where)
     except _Preempted:
         release_batch(rt.sessions, msg.batch_id, attempt, reason="handed back at worker shutdown")
         raise Requeue("worker is shutting down") from None
@@ -139,7 +139,8 @@ def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
             raise EngineDead("engine is no longer running")
 
 
-def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int) -> Outcome:
+def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int,
+                            where: InputSlice) -> Outcome:
     out_url = output_shard_url(run["output_url"], msg.seq)
     provenance = None
     existing = rt.store.head(out_url)
@@ -151,7 +152,8 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         _classify(rows, run, annotate=False)
         log.info("batch %s: output already in the store, committing it", msg.batch_id)
     else:
-        samples = list(decode_shard(rt.store.get(msg.input_key)))
+        # The ledger's record of the input (its range in a packed object), not the message's key alone.
+        samples = list(decode_shard(read_input_shard(rt.store, where)))
         engine, renderer = rt.engine_for(run["model"])
         run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
                                          "chat_template_sha256": renderer.template_hash,

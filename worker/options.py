@@ -18,8 +18,6 @@ from ledger.defaults import (
     QUEUED_GRACE_S,
 )
 
-from .admission import batches_to_hold
-
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -46,5 +44,9 @@ class WorkerOptions:
 
     def held_batches(self, max_num_seqs: int) -> int:
         """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
+        # Imported here: admission imports asyncio (~20 ms), and the CLI imports this module for
+        # its defaults on every command, `regen status` included.
+        from .admission import batches_to_hold
+
         return self.concurrency if self.concurrency > 0 else batches_to_hold(max_num_seqs)
 

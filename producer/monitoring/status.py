@@ -3,15 +3,18 @@
 Every figure is one aggregate query over indexed columns or over the trigger-kept
 ``run_sample_counts`` (a few rows per run, migration 0005), so its cost does not grow
 with the number of samples.
+
+The queries run on a plain psycopg connection (what ``regen status`` opens: no
+SQLAlchemy import, ~0.2 s of a short command) or on a SQLAlchemy Session or Connection
+(the exporter, ``--watch``, tests), through ledger/reads.py. ``conn`` below is either.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.orm import Session
-
+from ledger.reads import fetch_dicts, fetch_rows
 from ledger.runs import list_runs
 from ledger.states import BatchStatus, Quality, SampleStatus
 
@@ -22,56 +25,55 @@ RECENT_WINDOW_S = 15 * 60
 
 def sample_counts(conn, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
     """``(by status, by quality class)`` of a run's samples, from the trigger-kept ``run_sample_counts``
-    (migration 0005): a few rows, whatever the run's size. ``conn``: a Session or a Connection."""
+    (migration 0005): a few rows, whatever the run's size."""
     by_status = {s.value: 0 for s in SampleStatus}
-    by_status.update(_counts(conn, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = :run "
+    by_status.update(_counts(conn, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s "
                                    "GROUP BY status", run_id))
-    quality = _counts(conn, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = :run AND quality <> '' "
+    quality = _counts(conn, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = %(run)s AND quality <> '' "
                             "GROUP BY quality", run_id)
     # Worst class first (ledger/quality.py's order).
     return by_status, {q.value: quality[q.value] for q in Quality if quality.get(q.value)}
 
 
-def _counts(session: Session, sql: str, run_id: int) -> dict[str, int]:
-    return {row[0]: int(row[1]) for row in session.execute(text(sql), {"run": run_id})}
+def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
+    return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id})}
 
 
-def run_status(session: Session, run_name: str | None = None) -> list[dict]:
-    runs = list_runs(session, run_name)
+def run_status(conn: Any, run_name: str | None = None) -> list[dict]:
+    runs = list_runs(conn, run_name)
     now = datetime.now(timezone.utc)
     out = []
     for run in runs:
         rid = run.id
-        samples, quality = sample_counts(session, rid)
-        reasons = _counts(session, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = :run GROUP BY reason",
+        samples, quality = sample_counts(conn, rid)
+        reasons = _counts(conn, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason",
                           rid)
         duplicates = reasons.get("duplicate_id", 0)
         samples["rejected"] = sum(reasons.values()) - duplicates
         samples["duplicates"] = duplicates
         batches = {s.value: 0 for s in BatchStatus}
-        batches.update(_counts(session, "SELECT status, count(*) FROM batches WHERE run_id = :run GROUP BY status",
+        batches.update(_counts(conn, "SELECT status, count(*) FROM batches WHERE run_id = %(run)s GROUP BY status",
                                rid))
-        tokens = session.execute(text(
+        (tokens,) = fetch_rows(conn,
             "SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
-            "min(started_at), max(finished_at) FROM batches WHERE run_id = :run AND status = 'done'"),
-            {"run": rid}).one()
-        recent = session.execute(text(
+            "min(started_at), max(finished_at) FROM batches WHERE run_id = %(run)s AND status = 'done'",
+            {"run": rid})
+        (recent,) = fetch_rows(conn,
             "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
-            "WHERE run_id = :run AND status = 'done' AND finished_at > now() - make_interval(secs => :w)"),
-            {"run": rid, "w": RECENT_WINDOW_S}).one()
-        sample_failures = _counts(session,
-                                  "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = :run "
+            "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s)",
+            {"run": rid, "w": RECENT_WINDOW_S})
+        sample_failures = _counts(conn,
+                                  "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = %(run)s "
                                   "AND status = 'failed' GROUP BY 1", rid)
-        batch_errors = [dict(r) for r in session.execute(text(
-            "SELECT seq, status, failures, error FROM batches WHERE run_id = :run AND error IS NOT NULL "
-            "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10"),
-            {"run": rid}).mappings()]
+        batch_errors = fetch_dicts(conn,
+            "SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
+            "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10", {"run": rid})
         # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
-        workers = [dict(r) for r in session.execute(text(
+        workers = fetch_dicts(conn,
             "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
             "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
             "sum(n_samples) AS samples FROM batches "
-            "WHERE run_id = :run AND status = 'running' GROUP BY worker ORDER BY worker"), {"run": rid}).mappings()]
+            "WHERE run_id = %(run)s AND status = 'running' GROUP BY worker ORDER BY worker", {"run": rid})
         recent = (float(recent[0]), float(recent[1]), int(recent[2]))
         window_s = float(RECENT_WINDOW_S)
         if tokens[2] is not None:
@@ -102,7 +104,7 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
                 "eta_s": round(remaining / samples_per_s) if samples_per_s > 0 and remaining else None,
             },
             # Added for issue 6 (estimates): total tokens projected from the samples done so far.
-            "projection": token_projection(session, rid, samples, recent[0] / window_s if recent[2] else 0.0),
+            "projection": token_projection(conn, rid, samples, recent[0] / window_s if recent[2] else 0.0),
             "batch_errors": batch_errors,
             "workers": [{**w, "heartbeat_at": w["heartbeat_at"].isoformat() if w["heartbeat_at"] else None,
                          "samples": int(w["samples"] or 0)} for w in workers],
@@ -110,16 +112,16 @@ def run_status(session: Session, run_name: str | None = None) -> list[dict]:
     return out
 
 
-def token_projection(session: Session, run_id: int, samples: dict, tokens_per_s: float) -> dict:
+def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float) -> dict:
     """Total completion tokens projected from the finished samples, and the ETA by tokens.
 
     mean tokens per finished sample (done batches) × every sample of the run; the ETA
     divides the tokens still to generate by the recent tokens/s. Unlike the ETA by
     samples it is not fooled by short samples finishing first.
     """
-    tokens, finished = session.execute(text(
+    ((tokens, finished),) = fetch_rows(conn,
         "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
-        "WHERE run_id = :run AND status = 'done'"), {"run": run_id}).one()
+        "WHERE run_id = %(run)s AND status = 'done'", {"run": run_id})
     tokens, finished = int(tokens), int(finished)
     all_samples = samples["pending"] + samples["done"] + samples["failed"]
     if not finished:

@@ -154,4 +154,4 @@ def test_hostile_sample_ids_are_stored_as_data(settings, sessions, tmp_path, s3_
         ids = {r[0] for r in s.execute(text("SELECT sample_id FROM samples"))}
         keys = [r[0] for r in s.execute(text("SELECT input_key FROM batches"))]
     assert ids == set(evil)
-    assert keys == [f"{s3_bucket}/evil/inputs/batch-000001.jsonl.zst"]
+    assert keys == [f"{s3_bucket}/evil/inputs/group-000001.jsonl.zst"]

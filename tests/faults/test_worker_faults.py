@@ -153,14 +153,23 @@ def test_poison_samples_fail_alone_and_a_poison_shard_dies_after_its_attempts(fa
 def test_a_corrupt_input_shard_kills_only_its_batch_after_max_attempts(farm, fault_report):
     # Submitted to a queue no worker reads, so the shard can be damaged before any worker sees it.
     ids = _submit(farm, "corrupt", 8, batch_size=4, queue="held")
-    ObjectStore().put(f"{farm['bucket']}/corrupt/inputs/batch-000002.jsonl.zst", b"\x28\xb5\x2f\xfd garbage")
+    # Both batches' shards are in one packed object; batch 2's bytes are damaged in place, so
+    # batch 1's range still reads and verifies, and batch 2's fails its own SHA-256.
+    with farm["sessions"]() as s:
+        key, offset, length = s.execute(text(
+            "SELECT input_key, input_offset, input_length FROM batches WHERE seq = 2 AND run_id = "
+            "(SELECT id FROM runs WHERE name = 'corrupt')")).one()
+    store = ObjectStore()
+    packed = bytearray(store.get(key))
+    packed[offset:offset + length] = (b"\x28\xb5\x2f\xfd garbage" * length)[:length]
+    store.put(key, bytes(packed))
     with farm["sessions"].begin() as s:
         s.execute(text("UPDATE runs SET queue = :q WHERE name = 'corrupt'"), {"q": QUEUE})
     run_cli(["requeue", "--run", "corrupt"], farm["env"])
     _wait_settled(farm, "corrupt")
     assert batches_by_status(farm["sessions"], "corrupt") == {"done": 1, "dead": 1}
     [err] = _status(farm, "corrupt")["batch_errors"]
-    assert err["failures"] == 2 and "ShardError" in err["error"]
+    assert err["failures"] == 2 and "get_range" in err["error"] and "sha256" in err["error"]
     row = fault_report("corrupt input shard", account(farm["sessions"], "corrupt", expected_ids=ids))
     assert (row.done, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (4, 4, 0, 0, 0)
 

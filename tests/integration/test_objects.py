@@ -105,6 +105,16 @@ def test_a_shard_survives_the_trip_through_s3(store, s3_bucket):
     assert list(decode_shard(store.get(url))) == rows
 
 
+def test_a_range_is_read_alone_and_checked_against_its_own_digest(store, s3_bucket):
+    url = join_key(s3_bucket, "inputs/group-000001.jsonl.zst")
+    store.put(url, b"first|second|third")
+    assert store.get_range(url, 6, 6, sha256=sha256_hex(b"second")) == b"second"
+    with pytest.raises(ChecksumMismatch, match="read sha256="):
+        store.get_range(url, 6, 6, sha256=sha256_hex(b"SECOND"))
+    with pytest.raises(ChecksumMismatch, match="expected 10"):
+        store.get_range(url, 13, 10, sha256=sha256_hex(b"third"))   # past the end: fewer bytes
+
+
 # -- verification ---------------------------------------------------------------------------------
 
 

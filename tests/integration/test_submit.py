@@ -7,7 +7,8 @@ import json
 import redis as redis_lib
 from sqlalchemy import text
 
-from tests.support.helpers import cli_env, run_cli
+from ledger.shards import decode_shard
+from tests.support.helpers import cli_env, input_rows, run_cli
 
 
 def _write(path, rows):
@@ -94,3 +95,57 @@ def test_a_message_carries_only_ids_and_the_shard_key(settings, s3_env, s3_bucke
     assert b"THE PROMPT TEXT" not in raw
     body = json.loads(__import__("base64").b64decode(message["body"]))
     assert set(body[1]) == {"run", "run_id", "batch_id", "seq", "input_key"}
+
+
+def test_a_groups_batches_share_one_object_and_each_reads_and_verifies_alone(settings, s3_env, s3_bucket, sessions,
+                                                                            tmp_path, monkeypatch):
+    from ledger.objects import ObjectStore
+    from ledger.shards import InputSlice, read_input_shard
+
+    env = cli_env(settings, s3_env)
+    data = tmp_path / "grow.jsonl"
+    args = ["submit", str(data), "--run", "p", "--model", "m", "--output", f"{s3_bucket}/p", "--batch-size", "4"]
+    _write(data, [_user(i) for i in range(10)])
+    run_cli(args, env)
+    _write(data, [_user(i) for i in range(13)])
+    run_cli(args, env)  # the resumed submit appends a batch, in an object of its own
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    store = ObjectStore()
+    with sessions() as s:
+        batches = s.execute(text("SELECT seq, input_key, input_offset, input_length, input_sha256, n_samples "
+                                 "FROM batches ORDER BY seq")).all()
+        ids = {r.sample_id: r.batch_id for r in s.execute(text("SELECT sample_id, b.seq AS batch_id FROM samples "
+                                                              "JOIN batches b ON b.id = samples.batch_id"))}
+    assert [(b.seq, b.input_key.rsplit("/", 1)[1], b.n_samples) for b in batches] == [
+        (1, "group-000001.jsonl.zst", 4), (2, "group-000001.jsonl.zst", 4), (3, "group-000001.jsonl.zst", 2),
+        (4, "group-000004.jsonl.zst", 3)]
+    # The ranges tile the object, and each batch's rows are exactly its samples in the ledger.
+    group = store.get(batches[0].input_key)
+    assert [b.input_offset for b in batches[:3]] == [0, batches[0].input_length,
+                                                     batches[0].input_length + batches[1].input_length]
+    assert sum(b.input_length for b in batches[:3]) == len(group)
+    for b in batches:
+        rows = list(decode_shard(read_input_shard(store, InputSlice(b.input_key, b.input_offset, b.input_length,
+                                                                     b.input_sha256))))
+        assert [r["sample_id"] for r in rows] and all(ids[r["sample_id"]] == b.seq for r in rows)
+    assert sorted(r["sample_id"] for r in input_rows(store, f"{s3_bucket}/p")) == sorted(ids)
+
+
+def test_a_worker_claim_carries_where_its_batch_input_is(settings, s3_env, s3_bucket, sessions, tmp_path,
+                                                         monkeypatch):
+    from ledger.objects import ObjectStore
+    from ledger.shards import read_input_shard
+    from worker.batch_ledger import ClaimOutcome, claim_batch
+
+    data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(6)])
+    run_cli(["submit", str(data), "--run", "w", "--model", "m", "--output", f"{s3_bucket}/w", "--batch-size", "4"],
+            cli_env(settings, s3_env))
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    with sessions() as s:
+        second = s.execute(text("SELECT id FROM batches WHERE seq = 2")).scalar_one()
+    claim = claim_batch(sessions, second, worker="w1", lease_s=30)
+    assert claim.outcome is ClaimOutcome.CLAIMED and claim.input is not None and claim.input.offset > 0
+    rows = list(decode_shard(read_input_shard(ObjectStore(), claim.input)))
+    assert [r["sample_id"] for r in rows] == ["u4", "u5"]

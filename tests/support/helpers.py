@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ledger.objects import ObjectStore
-from ledger.shards import decode_shard
+from ledger.shards import decode_packed, decode_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,13 @@ def output_rows(store: ObjectStore, output_url: str) -> list[dict]:
 
 
 def input_rows(store: ObjectStore, output_url: str) -> list[dict]:
+    """Every input row, in batch order: packed group objects and single-batch shards alike."""
     rows = []
-    for url in sorted(store.list(output_url.rstrip("/") + "/inputs/")):
-        rows.extend(decode_shard(store.get(url)))
+    for url in sorted(store.list(output_url.rstrip("/") + "/inputs/"), key=_first_seq):
+        rows.extend(decode_packed(store.get(url)))
     return rows
+
+
+def _first_seq(url: str) -> int:
+    # group-000033.jsonl.zst and batch-000042.jsonl.zst: both named by their (first) batch.
+    return int(url.rsplit("-", 1)[1].split(".", 1)[0])

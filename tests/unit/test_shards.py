@@ -141,3 +141,39 @@ def test_join_key_refuses_parts_that_could_escape_the_prefix(part):
 def test_join_key_refuses_keys_longer_than_s3_allows():
     with pytest.raises(UnsafeKey, match="1024"):
         join_key("s3://bkt/r", "é" * 600)
+
+
+# -- packed input objects -----------------------------------------------------------------------
+
+
+def test_packed_shards_are_read_back_one_range_at_a_time_and_whole():
+    from ledger.shards import decode_packed, pack_shards
+
+    shards = [encode_shard(ROWS[:1]), encode_shard(ROWS[1:]), encode_shard([])]
+    data, ranges = pack_shards(shards)
+    assert [r[:2] for r in ranges] == [(0, len(shards[0])), (len(shards[0]), len(shards[1])),
+                                       (len(shards[0]) + len(shards[1]), len(shards[2]))]
+    for shard, (offset, length, digest) in zip(shards, ranges, strict=True):
+        assert data[offset:offset + length] == shard and digest == sha256_hex(shard)
+    assert list(decode_shard(data[ranges[1][0]:ranges[1][0] + ranges[1][1]])) == ROWS[1:]
+    assert list(decode_packed(data)) == ROWS
+    # The whole object is one zstd stream of JSON lines: any zstd tool reads it.
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(data).count(b"\n") >= 1
+
+
+def test_a_truncated_or_padded_packed_object_fails_loudly():
+    from ledger.shards import decode_packed, pack_shards
+
+    data, _ = pack_shards([encode_shard(ROWS[:1]), encode_shard(ROWS[1:])])
+    with pytest.raises(ShardError, match="truncated packed object"):
+        list(decode_packed(data[:-3]))
+    with pytest.raises(ShardError, match="corrupt packed object at byte"):
+        list(decode_packed(data + b"junk"))
+
+
+def test_a_group_object_is_named_by_its_first_batch():
+    from ledger.shards import input_group_url
+
+    assert input_group_url("s3://bkt/runs/r1", 33) == "s3://bkt/runs/r1/inputs/group-000033.jsonl.zst"
+    with pytest.raises(ValueError):
+        input_group_url("s3://bkt/r", -1)
