@@ -8,6 +8,8 @@ same for every family:
 * a thought cut off by max_tokens (no end marker) is all thought: nothing of it may
   become the answer, whatever the parser would make of it;
 * a turn rendered without thinking is all answer;
+* a malformed thought (a second one, a stray tag in the answer) is kept as generated and
+  flagged (``think_tags_ok``), never tidied up: the next turn must see the model's own text;
 * a call the parser cannot read is *recorded* (``errors``, with the raw text), never
   dropped: vLLM's parsers return such text as plain content;
 * arguments are JSON objects (templates render dicts); a string that is not one is an
@@ -145,6 +147,13 @@ class VllmTurnParser:
             thought = _drop_leading(text, start)
             return ReasoningSplit(thought.strip(_TEMPLATE_WS), "", finish_reason == "length",
                                   finish_reason != "stop" and not _has(thought, start, None))
+        if end:
+            head, _, tail = text.partition(end)
+            thought = _drop_leading(head, start)
+            if _has(thought, start, None) or _has(tail, start, end):
+                # A second thought or a stray tag: vLLM's parsers tidy such text up, but the next
+                # turn must see what the model wrote, so it is kept as generated and flagged.
+                return ReasoningSplit(thought.strip(_TEMPLATE_WS), tail.strip(_TEMPLATE_WS), False, False)
         reasoning, content = _extract_reasoning(self._reasoning, text, request)
         reasoning = (reasoning or "").strip(_TEMPLATE_WS)
         content = (content or "").strip(_TEMPLATE_WS)

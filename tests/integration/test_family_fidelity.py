@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,26 +29,35 @@ SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 FAMILIES = ("llama3", "deepseek_r1", "glm45")
 
 
-def _conversations(limit_per_file: int = 10) -> list[dict]:
+def _conversations(limit_per_file: int = 12) -> list[dict]:
+    """Chats and tool conversations of the bundled sample, and each single-call one again offering only its tool.
+
+    A tiny model often calls another of several offered tools than the source did (the
+    conversation then stops, correctly); offered only the source's tool, it calls that one,
+    so the splice itself is exercised for every family.
+    """
     out = []
     for name in ("openai_chat.jsonl", "tools.jsonl"):
         for i, line in enumerate((SAMPLE / name).read_text().splitlines()[:limit_per_file]):
             sample = normalize_row(json.loads(line))
             sample["source"] = {"file": name, "row": i + 1}
             out.append(sample)
+            calls = [c for m in sample["messages"] if m.get("tool_calls") for c in m["tool_calls"]]
+            if len(calls) == 1:
+                only = [t for t in sample["tools"] if t["function"]["name"] == calls[0]["function"]["name"]]
+                out.append({**sample, "sample_id": sample["sample_id"] + "-one-tool", "tools": only})
     return out
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
     """(name, model dir, run record, rows): one engine per family, closed before the next starts."""
-    from worker.tiny.family_model import build_tiny_model
-
     from producer.run_config import build_run_config
     from tests.fixtures.worker import TEST_ENGINE_ENV
     from worker.engine import EngineHost
     from worker.generation import generate_batch
     from worker.rendering import Renderer
+    from worker.tiny.family_model import build_tiny_model
 
     name = request.param
     model = build_tiny_model(tmp_path_factory.mktemp("families") / name, variant="trained", family=name)
@@ -116,7 +126,9 @@ def test_every_regenerated_turn_is_the_models_own_text(family, fresh_tokenizer):
         for message, event in _assistant_turns(row):
             generated = fresh_tokenizer.decode(event["completion_token_ids"], skip_special_tokens=False)
             for part in (message.get("content") or "", message.get("reasoning_content") or ""):
-                assert part.strip() in generated, (row["sample_id"], event["turn"], part[:80])
+                # Line by line: a parser joins the text around its calls.
+                for line in filter(None, (piece.strip() for piece in part.splitlines())):
+                    assert line in generated, (row["sample_id"], event["turn"], line[:80], generated[:300])
             for call in message.get("tool_calls") or []:
                 assert call["function"]["name"] in generated
             seen += 1
@@ -131,8 +143,11 @@ def test_thoughts_are_split_off_where_the_family_thinks(family):
         return
     assert sum(bool(t) for t in thoughts) >= len(rows) // 2, thoughts
     for row in rows:
-        for message, _ in _assistant_turns(row):
-            assert "<think>" not in (message.get("content") or "") and "</think>" not in (message.get("content") or "")
+        for message, event in _assistant_turns(row):
+            content = message.get("content") or ""
+            if "<think>" in content or "</think>" in content:
+                # A malformed thought stays as the model wrote it, and the event says so.
+                assert event["think_tags_ok"] is False, (row["sample_id"], content[:120])
 
 
 def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
@@ -154,8 +169,9 @@ def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
                 assert [r["tool_call_id"] for r in results] == [c["id"] for c in message["tool_calls"]]
                 assert [r["name"] for r in results] == [c["function"]["name"] for c in message["tool_calls"]]
                 spliced += 1
-    assert calls >= 3, calls
-    assert spliced >= 1, spliced
+    stops = Counter((row["stop_reason"] or "complete").split(":")[0] for row in rows if row["tools"])
+    assert calls >= 3, (calls, stops)
+    assert spliced >= 1, (spliced, stops)
 
 
 def test_the_tokens_export_loads_in_specforge_and_speculators(family, sessions, store_for_family, s3_bucket,

@@ -54,12 +54,16 @@ def test_thought_answer_and_calls_as_regens_own_parser_reads_them(tokenizer, qwe
         "<think>\nfirst\n</think>\n\n<tool_call>\n" '{"name": "read_file", "arguments": {"path": "a"}}\n</tool_call>\n'
         "<tool_call>\n" '{"name": "run_shell", "arguments": {"cmd": "ls -l"}}\n</tool_call>',
         "<think>\n\n</think>\n\nJust an answer, with no call.",
+        # Malformed: a second thought in the answer. Kept as written and flagged, not tidied up.
+        "<think>\nfirst\n</think>\n\nan answer <think>again</think> and more",
     ]
     for text in texts:
         g = _gen(tokenizer, text)
         ours = regen.parse(g, thinking=True, tools=TOOLS, turn=2)
         theirs = qwen.parse(g, thinking=True, tools=TOOLS, turn=2)
         assert theirs == ours, text
+    malformed, _ = qwen.parse(_gen(tokenizer, texts[3]), thinking=True, tools=TOOLS, turn=0)
+    assert (malformed.content, malformed.think_tags_ok) == ("an answer <think>again</think> and more", False)
     split, calls = qwen.parse(_gen(tokenizer, texts[1]), thinking=True, tools=TOOLS, turn=2)
     assert [c["id"] for c in calls.tool_calls] == ["call_2_0", "call_2_1"]   # deterministic, not vLLM's random ids
     assert calls.tool_calls[1]["function"] == {"name": "run_shell", "arguments": {"cmd": "ls -l"}}
