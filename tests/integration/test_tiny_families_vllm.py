@@ -170,7 +170,10 @@ def test_the_trained_family_model_writes_what_its_vllm_parsers_parse(tmp_path_fa
           f"chats with calls {chats_with_calls}/{N_CHAT}")
     for (kind, _), o in list(zip(examples, outputs, strict=True))[:: max(1, len(outputs) // 6)]:
         print(f"  [{kind}] {o['text'][:160]!r}")
-    for (kind, _), o in zip(examples, outputs, strict=True):
+    for (kind, ex), o in zip(examples, outputs, strict=True):
+        offered = {t["function"]["name"] for t in ex.tools or []}
+        if kind == "call" and not (o["calls"] and all(c["name"] in offered for c in o["calls"])):
+            print(f"  bad call (offered {sorted(offered)}, asked {ex.messages[-2]['content']!r}): {o['text'][-160:]!r}")
         if o["finish_reason"] != "stop" or o["last_token"] not in spec.stop_tokens:
             print(f"  no stop [{kind}] {o['tokens']} tokens, {o['finish_reason']}, last {o['last_token']!r}: "
                   f"{o['text'][-120:]!r}")
