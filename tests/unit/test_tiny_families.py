@@ -276,6 +276,19 @@ def test_training_examples_are_the_generation_prompt_then_the_turn(tokenizers, f
                 assert message["tool_call_id"].startswith("call_") and message["name"]
 
 
+#: The stub variant's one answer, as each family writes it (glm45: thinking on, off).
+STUB_TURNS = {"llama3": {"OK.<|eot_id|>"}, "deepseek_r1": {"\n</think>\n\nOK.<｜end▁of▁sentence｜>"},
+              "glm45": {"\n<think></think>\nOK.<|user|>", "\nOK.<|user|>"}}
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_stub_examples_answer_ok_in_the_family_format(tokenizers, family):
+    rng = random.Random(0)
+    turns = {fm.completion_text(SPECS[family], tokenizers[family], fm.family_example(SPECS[family], rng, stub=True))[1]
+             for _ in range(30)}
+    assert turns == STUB_TURNS[family]
+
+
 # --- build keys and builds ---------------------------------------------------------------------
 
 
