@@ -80,13 +80,15 @@ def db_current(database_url: str | None) -> None:
 @click.option("--variant", type=click.Choice(["random", "trained", "stub"]), default="trained", show_default=True,
               help="random weights; trained to follow the chat format; or trained to answer with stubs")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45"]), default="qwen3",
+              show_default=True, help="chat family: its tokens, chat template and output format")
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
-def tiny_model(out_dir: str, variant: str, seed: int, force: bool) -> None:
-    """Write a small offline Qwen3-architecture model (for the demo, tests and smoke tests)."""
-    from worker.tiny.model import build_tiny_model
+def tiny_model(out_dir: str, variant: str, seed: int, family: str, force: bool) -> None:
+    """Write a small offline model of a chat family (for the demo, tests and smoke tests)."""
+    from worker.tiny import build_tiny_model
 
-    path = build_tiny_model(out_dir, variant=variant, seed=seed, force=force)
-    click.echo(f"tiny model ({variant}) in {path}")
+    path = build_tiny_model(out_dir, variant=variant, seed=seed, force=force, family=family)
+    click.echo(f"tiny model ({variant}) in {path}" if family == "qwen3" else f"tiny {family} model ({variant}) in {path}")
 
 
 @main.command()

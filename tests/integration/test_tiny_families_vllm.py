@@ -110,7 +110,7 @@ def eval_examples(spec):
 
 
 @pytest.mark.parametrize("family", ["llama3", "deepseek_r1", "glm45"])
-def test_the_trained_family_model_writes_what_its_vllm_parsers_parse(tmp_path_factory, family):
+def test_the_trained_family_model_writes_what_its_vllm_parsers_parse(tiny_family_model, family):
     from transformers import AutoTokenizer
 
     from worker.tiny import family_model
@@ -118,7 +118,7 @@ def test_the_trained_family_model_writes_what_its_vllm_parsers_parse(tmp_path_fa
 
     spec = SPECS[family]
     start = time.monotonic()
-    model = family_model.build_tiny_model(tmp_path_factory.mktemp("tiny") / family, family=family, variant="trained")
+    model = tiny_family_model(family, "trained")
     print(f"\n{family}: trained model ready in {time.monotonic() - start:.1f} s (cached after the first build)")
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     examples = eval_examples(spec)

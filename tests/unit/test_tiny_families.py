@@ -276,6 +276,19 @@ def test_training_examples_are_the_generation_prompt_then_the_turn(tokenizers, f
                 assert message["tool_call_id"].startswith("call_") and message["name"]
 
 
+#: The stub variant's one answer, as each family writes it (glm45: thinking on, off).
+STUB_TURNS = {"llama3": {"OK.<|eot_id|>"}, "deepseek_r1": {"\n</think>\n\nOK.<｜end▁of▁sentence｜>"},
+              "glm45": {"\n<think></think>\nOK.<|user|>", "\nOK.<|user|>"}}
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_stub_examples_answer_ok_in_the_family_format(tokenizers, family):
+    rng = random.Random(0)
+    turns = {fm.completion_text(SPECS[family], tokenizers[family], fm.family_example(SPECS[family], rng, stub=True))[1]
+             for _ in range(30)}
+    assert turns == STUB_TURNS[family]
+
+
 # --- build keys and builds ---------------------------------------------------------------------
 
 
@@ -340,3 +353,20 @@ def test_another_family_in_the_directory_needs_force(tmp_path):
         fm.build_tiny_model(out, family="glm45", cache_dir=tmp_path / "cache")
     fm.build_tiny_model(out, family="glm45", force=True, cache_dir=tmp_path / "cache")
     assert json.loads((out / qwen3_model.MARKER_FILE).read_text())["family"] == "glm45"
+
+
+def test_the_cli_builds_a_family(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from producer.cli import main
+
+    monkeypatch.setenv("REGEN_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["tiny-model", str(tmp_path / "m"), "--variant", "random", "--family", "llama3"])
+    assert result.exit_code == 0, result.output
+    assert "tiny llama3 model (random)" in result.output
+    marker = json.loads((tmp_path / "m" / qwen3_model.MARKER_FILE).read_text())
+    assert (marker["family"], marker["variant"]) == ("llama3", "random")
+    # Every family is offered; an unknown one is refused by click.
+    assert CliRunner().invoke(main, ["tiny-model", str(tmp_path / "n"), "--family", "gpt2"]).exit_code == 2
+    help_text = CliRunner().invoke(main, ["tiny-model", "--help"]).output
+    assert all(name in help_text for name in SPECS)
