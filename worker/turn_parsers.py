@@ -125,7 +125,10 @@ class VllmTurnParser:
     # -- steps --------------------------------------------------------------------------------
     def _text(self, generation: Any) -> str:
         ids = list(generation.token_ids)
-        if generation.finish_reason == "stop" and ids and (ids[-1] in self._end_ids or ids[-1] == generation.stop_reason):
+        # Stopped by a stop token (stop_reason: its id) or by EOS (None): that id ends the turn and
+        # is no text. A stop *string* (a str) leaves every id text.
+        stop = generation.stop_reason
+        if generation.finish_reason == "stop" and ids and (ids[-1] == stop or (stop is None and ids[-1] in self._end_ids)):
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
@@ -162,7 +165,9 @@ class VllmTurnParser:
     def _calls(self, content: str, request: Any, *, turn: int, finish_reason: str) -> ToolCallParse:
         if self._tool is None or not content:
             return ToolCallParse(content=content.strip())
-        attempted = any(content.lstrip().startswith(m) if m in "{[" else m in content for m in self._markers.calls)
+        # A bare "{" or "[" (JSON and pythonic calls) counts only at the start: prose may hold brackets.
+        attempted = any(content.lstrip().startswith(m) if m in ("{", "[") else m in content
+                        for m in self._markers.calls)
         try:
             info = self._tool.extract_tool_calls(content, request)
         except Exception as e:  # noqa: BLE001 - a parser crash on odd text is this turn's error, not the batch's
