@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / ".regen-local"
 PROGRESS_EVERY_S = 10.0
 #: Gate overrides of the demo's run (docs/quality.md); every other limit stays at its default.
-DEMO_GATE = {"gate": {"unoffered_tool": 0.30}}
+DEMO_GATE = {"gate": {"unoffered_tool": 0.40}}
 
 
 def step(n: int, what: str) -> None:
@@ -174,8 +174,9 @@ def main() -> None:
         step(3, f"tiny model: regen tiny-model {os.path.relpath(args.model_dir, ROOT)} (trained once, then cached)")
         regen("tiny-model", args.model_dir, "--variant", args.variant, env=env)
         step(4, f"regen submit {os.path.relpath(args.data, ROOT)} --run {args.run}")
-        # The tiny model invents tools in ~15% of the sample's tool conversations, above the gate's
-        # 10% for unoffered_tool: the demo shows the class (status, report) without pausing on it.
+        # The tiny model calls a tool the sample does not offer in ~23-29% of the sample's rows
+        # (83 of 290 in one run), above the gate's 10% for unoffered_tool: the demo shows the class
+        # (status, report) without pausing on it, with room for the run-to-run spread of a CPU engine.
         submitted = regen("submit", args.data, "--run", args.run, "--model", args.model_dir, "--output", output,
                           "--batch-size", "32", "--max-tokens", args.max_tokens, "--seed", "0",
                           "--quality-thresholds", json.dumps(DEMO_GATE), env=env)
