@@ -19,7 +19,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -222,11 +221,10 @@ def _plan(family: Family, variant: str):
 def train_model(family: Family, tokenizer, *, variant: str, seed: int = 0, plan=None):
     """Train a fresh tiny decoder on the family's synthetic conversations; return it in bfloat16.
 
-    The loop of ``training.train_model`` (loss on the last turn only, fixed steps and
-    threads, so the same seed gives the same weights) with the family's data.
+    ``training.fit``, the loop qwen3's model trains with (loss on the last turn only, fixed
+    steps and threads, so the same seed gives the same weights), on the family's data.
     """
     import torch
-    from transformers import Qwen3ForCausalLM
 
     from . import training as tiny_training
 
@@ -244,30 +242,9 @@ def train_model(family: Family, tokenizer, *, variant: str, seed: int = 0, plan=
         config = model_config(family, tokenizer, hidden_size=plan.hidden_size, num_layers=plan.num_layers,
                               num_heads=plan.num_heads, num_kv_heads=plan.num_kv_heads,
                               intermediate_size=plan.intermediate_size)
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).float().train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-        def lr_at(step: int) -> float:
-            if step < plan.warmup_steps:
-                return (step + 1) / plan.warmup_steps
-            progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
         pad_id = tokenizer.convert_tokens_to_ids(family.pad_token)
-        for step in range(plan.steps):
-            input_ids, labels, mask = tiny_training._tensors(examples, batches[step % len(batches)], pad_id)
-            loss = tiny_training._completion_loss(model, input_ids, labels, mask)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % 20 == 0 or step == plan.steps - 1:
-                log.info("tiny %s model: step %d/%d loss %.3f (%.0f s)", family.name, step, plan.steps,
-                         loss.item(), time.monotonic() - start)
-        return model.to(torch.bfloat16).eval()
+        return tiny_training.fit(config, examples, batches, plan, pad_id=pad_id, seed=seed,
+                                 label=f"tiny {family.name} model", start=start)
     finally:
         torch.set_num_threads(threads)
 

@@ -135,7 +135,6 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
         The trained Qwen3ForCausalLM, in eval mode and bfloat16 (what vLLM loads).
     """
     import torch
-    from transformers import Qwen3ForCausalLM
 
     plan = plan or PLANS[variant]
     threads = torch.get_num_threads()
@@ -153,29 +152,42 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
         config = model_config(tokenizer, hidden_size=plan.hidden_size, num_layers=plan.num_layers,
                               num_heads=plan.num_heads, num_kv_heads=plan.num_kv_heads,
                               intermediate_size=plan.intermediate_size)
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).float().train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-        def lr_at(step: int) -> float:
-            if step < plan.warmup_steps:
-                return (step + 1) / plan.warmup_steps
-            progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-        pad_id = tokenizer.pad_token_id
-        for step in range(plan.steps):
-            input_ids, labels, mask = _tensors(examples, batches[step % len(batches)], pad_id)
-            loss = _completion_loss(model, input_ids, labels, mask)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % 20 == 0 or step == plan.steps - 1:
-                log.info("tiny model: step %d/%d loss %.3f (%.0f s)", step, plan.steps, loss.item(),
-                         time.monotonic() - start)
-        return model.to(torch.bfloat16).eval()
+        return fit(config, examples, batches, plan, pad_id=tokenizer.pad_token_id, seed=seed, label="tiny model",
+                   start=start)
     finally:
         torch.set_num_threads(threads)
+
+
+def fit(config, examples: list[tuple[list[int], int]], batches: list[list[int]], plan: TrainingPlan, *,
+        pad_id: int, seed: int, label: str, start: float):
+    """The training loop every tiny model shares: a fresh Qwen3 decoder, loss on the last turn only.
+
+    Fixed steps, warm-up then cosine decay, clipped gradients: the same seed and data give
+    the same weights (the builds are cached by content). Returns the model in bfloat16, eval mode.
+    """
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).float().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def lr_at(step: int) -> float:
+        if step < plan.warmup_steps:
+            return (step + 1) / plan.warmup_steps
+        progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    for step in range(plan.steps):
+        input_ids, labels, mask = _tensors(examples, batches[step % len(batches)], pad_id)
+        loss = _completion_loss(model, input_ids, labels, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 20 == 0 or step == plan.steps - 1:
+            log.info("%s: step %d/%d loss %.3f (%.0f s)", label, step, plan.steps, loss.item(),
+                     time.monotonic() - start)
+    return model.to(torch.bfloat16).eval()
