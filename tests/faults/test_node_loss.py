@@ -46,13 +46,15 @@ def test_a_killed_nodes_batches_are_claimed_again_within_a_minute(settings, s3_e
     env = cli_env(settings, s3_env)
     expected = write_prompts(tmp_path / "loss.jsonl", 96, prefix="n")
     a = start_worker("a", concurrency=0)  # the defaults: held batches from max_num_seqs, default leases
+    b = start_worker("b", concurrency=0)
+    logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
+    # Both engines up before the work arrives: submitted earlier, a alone once held all 12
+    # batches and finished them (45 s) before b was ready, so nothing was left to take over.
     a.wait_ready()
+    b.wait_ready()
     run_cli(["submit", str(tmp_path / "loss.jsonl"), "--run", "loss", "--model", a.model, "--output",
              f"{s3_bucket}/loss", "--batch-size", "8", "--max-tokens", "384", "--seed", "5",
              "--quality-thresholds", '{"gate_overridden": true}'], env)
-    logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
-    b = start_worker("b", concurrency=0)
-    b.wait_ready()
     wait_for(lambda: running_on(sessions, "loss", "a") >= 1, timeout_s=180, what="a running batches",
              interval_s=0.2, on_timeout=logs)
 
