@@ -96,9 +96,8 @@ def _family_of(template: str) -> tuple[str, str | None, str | None] | None:
 def chat_template_of(model_dir: str | Path) -> str | None:
     """The chat template a local model directory ships (tokenizer_config.json or its own file); None if none."""
     root = Path(model_dir)
-    for name in ("chat_template.jinja",):
-        if (root / name).is_file():
-            return (root / name).read_text()
+    if (root / "chat_template.jinja").is_file():  # transformers prefers it to tokenizer_config.json's
+        return (root / "chat_template.jinja").read_text()
     config = root / "tokenizer_config.json"
     if config.is_file():
         try:

@@ -26,9 +26,6 @@ class Renderer:
         if isinstance(template, dict):  # several named templates
             template = "\n".join(f"{k}\n{v}" for k, v in sorted(template.items()))
         self.template_hash = hashlib.sha256(template.encode()).hexdigest()
-        vocab = tokenizer.get_vocab()
-        #: The id that ends a Qwen3 thought, to count reasoning vs answer tokens by id.
-        self.think_end_id: int | None = vocab.get("</think>")
         self._template = template
         self._names: dict[tuple[str | None, str | None], tuple[str | None, str | None]] = {}
         self._parsers: dict[tuple[str | None, str | None], TurnParser] = {}
