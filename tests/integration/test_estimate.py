@@ -56,8 +56,10 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert probe["output_tokens"] == sum(s["completion_tokens"] for s in probe["samples"]) > 0
     # Then it kept the engine full as long again and measured that settled phase only...
     assert probe["throughput_window_s"] >= 0.5 * probe["wall_s"]
-    # ...then let it drain as a run's end does, and measured what that cost.
-    assert probe["drain_s"] > 0 and probe["drain_tokens"] > 0
+    # ...then let it drain as a run's end does, and measured what that cost. Random weights run
+    # every request to exactly max_tokens, so the last ones can end together and the drain read
+    # 0.0 s and 0 tokens (seen once in three full runs): measured, possibly nothing.
+    assert probe["drain_s"] is not None and probe["drain_s"] >= 0 and probe["drain_tokens"] >= 0
     assert 0 <= probe["drain_loss_s"] <= probe["drain_s"]
     assert doc["drain_hours"] == pytest.approx(probe["drain_loss_s"] / 3600, rel=1e-3, abs=1e-6)
     for s in probe["samples"]:
