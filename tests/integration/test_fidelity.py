@@ -16,6 +16,7 @@ import pytest
 
 from ledger.hashing import sample_seed
 from producer.dataset.normalize import normalize_row
+from tests.support.fidelity import assert_prompts_are_fresh_renderings
 
 pytestmark = pytest.mark.engine
 
@@ -61,17 +62,7 @@ def rows(engine_host, renderer):
 
 
 def test_every_prompt_is_a_fresh_transformers_rendering_of_its_context(rows, fresh_tokenizer):
-    checked = 0
-    for mode_rows in rows.values():
-        for row in mode_rows:
-            assert row["status"] == "done", row.get("error")
-            for event in row["events"]:
-                context = row["messages"][:event["message_index"]]
-                expected = fresh_tokenizer.apply_chat_template(
-                    context, tools=row["tools"] or None, add_generation_prompt=True, enable_thinking=row["thinking"],
-                    tokenize=True, return_dict=False)
-                assert event["prompt_token_ids"] == list(expected), (row["sample_id"], event["turn"])
-                checked += 1
+    checked = sum(assert_prompts_are_fresh_renderings(mode_rows, fresh_tokenizer) for mode_rows in rows.values())
     assert checked >= 3 * 24
 
 
