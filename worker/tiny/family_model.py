@@ -357,16 +357,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: str = "random", see
         raise ValueError(f"unknown tiny-model variant {variant!r}; choose one of {', '.join(qwen3_model.VARIANTS)}")
     out = Path(out_dir)
     key = build_key(family, variant, seed)
-    if out.exists() and any(out.iterdir()):
-        marker = qwen3_model._read_marker(out)
-        if marker is None:
-            raise FileExistsError(f"{out} is not empty and holds no tiny model; choose another directory")
-        if marker.get("key") == key and not force:
-            return out
-        if not force:
-            raise FileExistsError(f"{out} holds another tiny model build ({marker.get('family', 'qwen3')}, "
-                                  f"{marker.get('variant')}, seed {marker.get('seed')}); use force=True to "
-                                  "replace it")
+    if qwen3_model.holds_build(out, key, force=force):
+        return out
     cached = Path(cache_dir) if cache_dir is not None else qwen3_model.default_cache_dir()
     cached = cached / f"{family}-{variant}-{seed}-{key}"
     if force:

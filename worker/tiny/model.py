@@ -196,6 +196,26 @@ def default_cache_dir() -> Path:
     return Path(root) / "tiny-models"
 
 
+def holds_build(out: Path, key: str, *, force: bool) -> bool:
+    """Whether ``out`` already holds the build ``key`` (to reuse); False when it is empty or may be replaced.
+
+    Raises:
+        FileExistsError: ``out`` holds something else: files no tiny build wrote (never deleted,
+            even with force), or another build without ``force``.
+    """
+    if not (out.exists() and any(out.iterdir())):
+        return False
+    marker = _read_marker(out)
+    if marker is None:
+        raise FileExistsError(f"{out} is not empty and holds no tiny model; choose another directory")
+    if marker.get("key") == key and not force:
+        return True
+    if not force:
+        raise FileExistsError(f"{out} holds another tiny model build ({marker.get('family', 'qwen3')}, "
+                              f"{marker.get('variant')}, seed {marker.get('seed')}); use force=True to replace it")
+    return False
+
+
 def _read_marker(path: Path) -> dict | None:
     try:
         return json.loads((path / MARKER_FILE).read_text())
@@ -296,16 +316,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random",
         raise ValueError(f"unknown tiny-model variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     out = Path(out_dir)
     key = build_key(variant, seed)
-    if out.exists() and any(out.iterdir()):
-        marker = _read_marker(out)
-        if marker is None:
-            # Never delete a directory we did not write, even with force.
-            raise FileExistsError(f"{out} is not empty and holds no tiny model; choose another directory")
-        if marker.get("key") == key and not force:
-            return out
-        if not force:
-            raise FileExistsError(f"{out} holds another tiny model build ({marker.get('variant')}, "
-                                  f"seed {marker.get('seed')}); use force=True to replace it")
+    if holds_build(out, key, force=force):
+        return out
 
     cached = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cached = cached / f"{variant}-{seed}-{key}"
