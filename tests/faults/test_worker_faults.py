@@ -178,20 +178,27 @@ def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_ag
     cluster = sorted(os.listdir("/etc/postgresql"))[0] if os.path.isdir("/etc/postgresql") else None
     if cluster is None:
         pytest.skip("no local Postgres cluster to restart")
-    # 8 x 1000 tokens: seconds of generation, so Postgres stops before the batch can commit.
-    # With 8 x 160 the batch ran ~2 s and twice (full suite, CI) went from queued to done
-    # between two polls, leaving this wait to time out on a batch that had already finished.
-    ids = _submit(farm, "pg-restart", 8, batch_size=8, max_tokens=1000)
+    # The proxy holds the batch's output upload until Postgres is down: the test acts inside the
+    # upload step instead of racing a generation time (timed versions of this test went from
+    # queued to done between two polls when `regen submit` returned late, twice in CI).
     store = ObjectStore()
     out_key = f"{farm['bucket']}/pg-restart/outputs/batch-000001.jsonl.zst"
-    wait_for(lambda: batches_by_status(farm["sessions"], "pg-restart").get("running"), timeout_s=120,
-             what="the batch running", interval_s=0.1,
-             on_timeout=lambda: f"{batches_by_status(farm['sessions'], 'pg-restart')}\n{farm['worker'].log()[-5000:]}")
-    assert not store.exists(out_key), "the batch must still be generating when Postgres stops"
-    farm["sessions"].kw["bind"].dispose()
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "stop", "-m", "fast"], check=True)
+    release = farm["proxy"].hold_next(1, method="PUT", path_contains="/pg-restart/outputs/")
     try:
-        # The worker generates and uploads while the ledger is down; its commit waits with back-off.
+        ids = _submit(farm, "pg-restart", 8, batch_size=8, max_tokens=160)
+        wait_for(lambda: farm["proxy"].count(method="PUT", outcome="hold"), timeout_s=120,
+                 what="the batch's upload reaching S3", interval_s=0.1,
+                 on_timeout=lambda: f"{batches_by_status(farm['sessions'], 'pg-restart')}\n"
+                                    f"{farm['worker'].log()[-5000:]}")
+        assert batches_by_status(farm["sessions"], "pg-restart") == {"running": 1}
+        assert not store.exists(out_key), "the upload is held: nothing may be in S3 yet"
+        farm["sessions"].kw["bind"].dispose()
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "stop", "-m", "fast"],
+                       check=True)
+    finally:
+        release.set()
+    try:
+        # The worker uploads while the ledger is down; its commit waits with back-off.
         wait_for(lambda: store.exists(out_key), timeout_s=240, what="the output shard uploaded", interval_s=0.5,
                  on_timeout=lambda: farm["worker"].log()[-4000:])
         time.sleep(3)

@@ -2,12 +2,14 @@
 
 moto's server mode has no fault injection, so tests point ``AWS_ENDPOINT_URL`` at
 this proxy and tell it what to do to the next requests: answer 503 SlowDown or
-500 InternalError, stall past the client's read timeout, drop the connection, or
-rewrite a response header. Everything else is forwarded untouched (path-style
-requests, the client's Host header and signature included).
+500 InternalError, stall past the client's read timeout, drop the connection,
+rewrite a response header, or hold a request until the test releases it. Everything
+else is forwarded untouched (path-style requests, the client's Host header and
+signature included).
 
     proxy.fail_next(2, status=503, code="SlowDown", method="PUT")
     proxy.delay_next(1, seconds=2.0, when="after")  # the write lands, the answer is late
+    release = proxy.hold_next(1, method="PUT", path_contains="/outputs/")  # ... release.set()
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", 
 class Fault:
     """One rule: applies to the next ``count`` requests whose method matches (None = any)."""
 
-    kind: str  # "fail" | "delay" | "drop" | "header"
+    kind: str  # "fail" | "delay" | "drop" | "header" | "hold"
     count: int
     method: str | None = None
+    path_contains: str | None = None
     status: int = 503
     code: str = "SlowDown"
     seconds: float = 0.0
     when: str = "before"  # delay: "before" forwarding, or "after" (the request took effect)
     header: str = ""
     value: str = ""
+    release: threading.Event | None = None  # hold: forwarded once the test sets it
 
 
 @dataclass
@@ -102,6 +106,16 @@ class FaultProxy:
         """Forward the next ``n`` matching requests but replace ``header`` in their responses."""
         self._add(Fault("header", n, method, header=header.lower(), value=value))
 
+    def hold_next(self, n: int, *, method: str | None = None, path_contains: str | None = None) -> threading.Event:
+        """Stall the next ``n`` matching requests until the returned event is set, then forward them.
+
+        A test that must act while a worker is inside a step (stop Postgres while a batch is
+        uploading) holds that step's request instead of racing it with a timed delay.
+        """
+        release = threading.Event()
+        self._add(Fault("hold", n, method, path_contains=path_contains, release=release))
+        return release
+
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -121,7 +135,8 @@ class FaultProxy:
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
             for fault in self._faults:
-                if fault.count > 0 and fault.method in (None, method):
+                if (fault.count > 0 and fault.method in (None, method)
+                        and (fault.path_contains is None or fault.path_contains in path)):
                     fault.count -= 1
                     self.seen.append(Seen(method, path, fault.kind))
                     return fault
@@ -155,6 +170,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                     return
                 if fault is not None and fault.kind == "delay" and fault.when == "before":
                     proxy._closing.wait(fault.seconds)
+                if fault is not None and fault.kind == "hold":
+                    while not (fault.release.is_set() or proxy._closing.is_set()):
+                        fault.release.wait(0.05)
                 status, headers, payload = self._forward(body)
                 if fault is not None and fault.kind == "delay" and fault.when == "after":
                     proxy._closing.wait(fault.seconds)
