@@ -33,6 +33,7 @@ from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
 from worker.engine_args import format_engine_args
+from worker.occupancy import Window, parse_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 #: vLLM's CPU build loads the tiny model in ~20-60 s; much longer when other jobs share the cores.
@@ -59,6 +60,16 @@ class WorkerRun:
     #: Mean batches between claim and commit over the window (K at best; lower in the drain).
     batches_in_flight: float = 0.0
     worker_pids: set[int] = field(default_factory=set)
+    #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
+    occupancy: Window = field(default_factory=Window)
+
+    def occupancy_note(self) -> str:
+        o = self.occupancy
+        if not o.samples:
+            return "engine occupancy: no window logged"
+        return (f"engine below max_num_seqs {o.share(o.short_waiting):.1%} of the time with work waiting at the "
+                f"gate, {o.share(o.short_idle):.1%} without; {o.requests_mean:,.0f} requests in it on average; "
+                f"loop lag mean {o.lag_mean_s * 1e3:.1f} ms, max {o.lag_max_s * 1e3:.0f} ms")
 
 
 @contextlib.contextmanager
@@ -106,6 +117,8 @@ class WorkerProcess:
         for pair in format_engine_args(engine_args):
             argv += ["--engine-arg", pair]
         env = {**scratch.env(), "PYTHONUNBUFFERED": "1",
+               # Occupancy windows of 5 s, so a run of a minute has a dozen to add up.
+               "REGEN_OCCUPANCY_REPORT_S": os.environ.get("REGEN_OCCUPANCY_REPORT_S", "5"),
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         self.log_path = Path(scratch.workdir) / f"worker-{name}.log"
         with open(self.log_path, "wb") as log:
@@ -298,6 +311,7 @@ class SystemUnderTest:
         """Submit every prompt as ``run_name``, wait until it is done, measure it from the ledger."""
         load = os.getloadavg()[0]
         pg_started = postmaster_started(self.scratch)
+        log_offset = self.worker.log_path.stat().st_size
         with per_sample_budgets():
             expected = _submit(self.scratch, [self.jsonl], self.config, run_name=run_name,
                                batch_size=self.batch_size, queue=self.queue)
@@ -306,9 +320,12 @@ class SystemUnderTest:
         tokens, seconds, samples, stopped, failed, batches, in_flight = _measure(self.scratch, run_name)
         if failed or batches != expected:
             raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
+        with open(self.worker.log_path, "rb") as f:
+            f.seek(log_offset)
+            occupancy = parse_windows(f.read().decode(errors="replace").splitlines())
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
-                         batches_in_flight=in_flight)
+                         batches_in_flight=in_flight, occupancy=occupancy)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -162,7 +162,7 @@ def _cpu_s(pids: set[int]) -> float:
 
 
 def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
-    what += f", {result.batches} batches, {result.batches_in_flight:.1f} in flight on average"
+    what += f", {result.batches} batches, {result.batches_in_flight:.1f} in flight on average; {result.occupancy_note()}"
     if result.disturbed:
         what += " (DISTURBED: Postgres was restarted during the run)"
     return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,
@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.admission import admission_level, batches_to_hold
 
     held = args.concurrency or batches_to_hold(settings["max_num_seqs"])
-    print(f"system (b): batches of {args.batch_size}, K={held} held{'' if args.concurrency else ' (the default)'}"
+    print(f"system (b): batches of {args.batch_size}, K={held} held"
+          f"{'' if args.concurrency else ' at the start (the default; grown while the engine starves)'}"
           f", admitted to the engine {admission_level(settings['max_num_seqs'])} conversations at a time "
           f"(max_num_seqs {settings['max_num_seqs']}); baseline (c): "
           f"K=1; order: a, then {args.cycles} x (b, a{'' if args.no_baseline else ', c, a'})", flush=True)

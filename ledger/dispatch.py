@@ -61,6 +61,9 @@ def make_celery(settings: Settings, *, name: str = "regen") -> Celery:
         task_reject_on_worker_lost=True,
         # One message reserved per free slot: a busy node must not hoard batches others could run.
         worker_prefetch_multiplier=1,
+        # The worker sets its own prefetch count (worker/holding.py: the batches it holds);
+        # Celery's reduction after a reconnect would reset it to the pool size later.
+        worker_enable_prefetch_count_reduction=False,
         broker_transport_options={
             "visibility_timeout": vt,
             # kombu >= 5.7: sweep for expired unacked messages every ~10 s instead of ~100 s.

@@ -152,7 +152,8 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--gpus", default="none", show_default=True, help="none (one CPU engine) | all | 0,1,2,3")
 @click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size: GPUs per engine")
 @click.option("--concurrency", type=int, default=_W.concurrency, show_default=True,
-              help="batches each engine holds; 0: derived from its max_num_seqs (admission keeps it full)")
+              help="batches each engine holds, fixed; 0: start from its max_num_seqs and hold more "
+                   "while it runs short of work")
 @click.option("--queue", "queues", default=",".join(_W.queues), show_default=True,
               help="queues to consume (comma-separated)")
 @click.option("--model", default=None, help="load this model at start (default: the first batch's model)")

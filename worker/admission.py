@@ -12,8 +12,9 @@ Why held batches: a batch is acknowledged only when its longest conversation has
 ended, so with a long tail many batches are open at once, each waiting for one or
 two stragglers. With 8 batches in flight (the old default) they started together
 and finished together, and the engine drained once per round (0.84-0.93 of bare
-vLLM, issue 15). Holding enough batches to cover the tails (``batches_to_hold``)
-keeps work available; the gate decides what of it the engine sees.
+vLLM, issue 15). Holding enough batches to cover the tails (``batches_to_hold``, the
+start; worker/holding.py grows it while the engine starves for want of work) keeps
+work available; the gate decides what of it the engine sees.
 
 Why a gate rather than everything into vLLM's queue: vLLM serves its waiting queue
 first come, first served, so a multi-turn conversation's next turn would queue
@@ -61,7 +62,7 @@ def admission_level(max_num_seqs: int) -> int:
 
 
 def batches_to_hold(max_num_seqs: int, batch_size: int = ASSUMED_BATCH_SIZE) -> int:
-    """Batches a worker process holds (its Celery threads) so the gate is never short of work.
+    """Batches a worker process holds at first so the gate is not short of work (worker/holding.py grows it).
 
     The batches kept open by their tails (``TAIL_FACTOR`` x max_num_seqs conversations)
     plus the admission level, in batches, and two more so a batch that is uploading
@@ -87,6 +88,11 @@ class AdmissionGate:
     @property
     def waiting(self) -> int:
         return sum(not f.done() for _, _, f in self._waiting)
+
+    @property
+    def has_waiting(self) -> bool:
+        """Anyone waiting for a slot (cheap: stops at the first live waiter, usually the heap's top)."""
+        return any(not f.done() for _, _, f in self._waiting)
 
     async def acquire(self, order: tuple) -> None:
         """Wait for a slot. Cancelling the waiter gives up its place (or its slot, if just granted)."""

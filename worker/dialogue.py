@@ -53,12 +53,13 @@ class Generation:
     prompt_token_ids: list[int]
     #: Completion ids straight from the engine, stop token included if it emitted one.
     token_ids: list[int]
-    #: The completion decoded with ``skip_special_tokens=True``.
-    text: str
     #: "stop" | "length" | "abort" | whatever else the engine reports.
     finish_reason: str
     #: The engine's stop token id or stop string, when it has one.
     stop_reason: int | str | None = None
+    #: The completion as text, where the engine decoded it. regen's engine does not
+    #: (worker/generation.py asks vLLM not to): the parsers decode ``token_ids`` once.
+    text: str | None = None
 
 
 @dataclass

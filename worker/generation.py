@@ -27,7 +27,12 @@ def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[s
     params = {k: run_sampling[k] for k in ENGINE_SAMPLING_KEYS if k in run_sampling}
     # generation_config.json and the run record use 0 for "no top-k"; so does vLLM.
     params["top_k"] = max(0, int(params.get("top_k") or 0))
-    params.update(seed=seed, max_tokens=max_tokens)
+    # No incremental detokenization in vLLM's frontend: regen's parsers decode each
+    # completion once from its ids (worker/turn_parsers.py), and vLLM's per-token
+    # decoding ran on the engine's event loop, where it was half of that thread's time
+    # (bench/worker_cpu.py, docs/performance.md). Nothing regen asks of vLLM needs text:
+    # its stops are token ids.
+    params.update(seed=seed, max_tokens=max_tokens, detokenize=False)
     return params
 
 

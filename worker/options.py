@@ -24,8 +24,8 @@ class WorkerOptions:
     name: str
     queues: tuple[str, ...] = (DEFAULT_QUEUE,)
     #: Batches this process holds (Celery threads; each batch claimed and leased).
-    #: 0 = auto: enough that the engine's admission gate is never short of work,
-    #: from the engine's max_num_seqs (worker/admission.py ``batches_to_hold``).
+    #: 0 = auto: start from the engine's max_num_seqs (worker/admission.py
+    #: ``batches_to_hold``) and hold more while the engine starves (worker/holding.py).
     concurrency: int = 0
     model: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)

@@ -72,6 +72,41 @@ def _exit_with_launcher(runtime: WorkerRuntime) -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+def _occupancy_gauges(runtime: WorkerRuntime, name: str) -> None:
+    """worker/occupancy.py's figures since the engine started (0 before it has)."""
+    from prometheus_client import Gauge
+
+    def read(key: str):
+        def value() -> float:
+            engine = runtime.engine
+            return engine.occupancy.figures()[key] if engine is not None and engine.occupancy else 0.0
+        return value
+
+    for key, doc in (
+            ("short_with_work_seconds",
+             "Seconds the engine held fewer than max_num_seqs requests while conversations waited at the gate"),
+            ("short_without_work_seconds",
+             "Seconds the engine held fewer than max_num_seqs requests and no conversation waited"),
+            ("loop_lag_max_seconds", "Longest delay of the engine's event loop the occupancy sampler saw")):
+        Gauge(f"regen_worker_engine_{key}", doc, ["worker"]).labels(name).set_function(read(key))
+
+
+def _hold_adaptively(app, runtime: WorkerRuntime, start: int) -> int:
+    """Start with ``start`` held batches, grow when the engine starves (worker/holding.py); the pool size."""
+    from .holding import HoldingController, HoldingPolicy, consumer_step
+
+    def window():
+        engine = runtime.engine
+        return engine.occupancy.take() if engine is not None and engine.occupancy is not None else None
+
+    policy = HoldingPolicy.derived(start)
+    controller = HoldingController(policy, window=window, held_peak=runtime.take_held_peak,
+                                   stop=runtime.shutting_down)
+    app.steps["consumer"].add(consumer_step(controller))
+    controller.start()
+    return policy.ceiling
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     engine_args = parse_engine_args(args.engine_arg)
@@ -91,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
         Gauge("regen_worker_batches_in_flight", "Batches this worker process holds", ["worker"]).labels(
             args.name).set_function(runtime.held_count)
+        _occupancy_gauges(runtime, args.name)
         start_http_server(args.metrics_port)
 
     @signals.worker_shutting_down.connect(weak=False)
@@ -111,8 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
     else:
         max_num_seqs = expected_max_num_seqs(engine_args)
-    threads = options.held_batches(max_num_seqs)
-    log.info("%s: holding up to %d batches (max_num_seqs %d)", options.name, threads, max_num_seqs)
+    held = options.held_batches(max_num_seqs)
+    threads = _hold_adaptively(app, runtime, held) if options.concurrency <= 0 else held
+    log.info("%s: holding up to %d batches (max_num_seqs %d%s)", options.name, held, max_num_seqs,
+             f"; grown up to {threads} when the engine runs short of work" if threads > held else ", fixed")
     app.worker_main([
         "worker", "--pool", "threads", "--concurrency", str(threads), "--hostname", options.name,
         "--queues", ",".join(options.queues), "--prefetch-multiplier", "1", "--without-gossip",

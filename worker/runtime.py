@@ -44,6 +44,7 @@ class WorkerRuntime:
         self._renderer: Renderer | None = None
         self._engine_lock = threading.Lock()
         self._held: dict[int, int] = {}
+        self._held_peak = 0
         self._lost: set[int] = set()
         self._held_lock = threading.Lock()
         self._hb_thread: threading.Thread | None = None
@@ -73,6 +74,7 @@ class WorkerRuntime:
         with self._held_lock:
             self._held[batch_id] = attempt
             self._lost.discard(batch_id)
+            self._held_peak = max(self._held_peak, len(self._held))
 
     def drop(self, batch_id: int) -> None:
         with self._held_lock:
@@ -82,6 +84,12 @@ class WorkerRuntime:
     def held_count(self) -> int:
         with self._held_lock:
             return len(self._held)
+
+    def take_held_peak(self) -> int:
+        """The most batches held at once since the last call (worker/holding.py)."""
+        with self._held_lock:
+            peak, self._held_peak = max(self._held_peak, len(self._held)), len(self._held)
+            return peak
 
     def is_lost(self, batch_id: int) -> bool:
         with self._held_lock:

@@ -67,11 +67,16 @@ class RegenQwenParser:
 
     def __init__(self, tokenizer: Any = None, *, reasoning: str | None = "qwen3", tool: str | None = "hermes"):
         self.description = {"reasoning": reasoning, "tool": tool, "by": "regen"}
+        self.tokenizer = tokenizer
         self.think_end_id = tokenizer.get_vocab().get("</think>") if tokenizer is not None else None
 
     def parse(self, generation: Any, *, thinking: bool, tools: list[dict] | None,
               turn: int) -> tuple[ReasoningSplit, ToolCallParse]:
         text = generation.text
+        if text is None:  # regen's engine leaves decoding to the parser (worker/generation.py)
+            if self.tokenizer is None:
+                raise ValueError("RegenQwenParser needs a tokenizer to read a generation without text")
+            text = self.tokenizer.decode(list(generation.token_ids), skip_special_tokens=True)
         for marker in _QWEN_END_OF_TURN:
             text = text.removesuffix(marker)
         split = split_reasoning(text, thinking=thinking, finish_reason=generation.finish_reason)

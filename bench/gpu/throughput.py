@@ -243,7 +243,8 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
         notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
-                 f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}")
+                 f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
+                 f"{result.occupancy_note()}")
         if label == "b2":
             check = exactly_once(system, label, len(rows))
             back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \

@@ -53,6 +53,7 @@ def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_hos
 
     run = _run(engine_host, renderer)
     gate = RecordingGate(3, engine_host)
+    short_before = engine_host.occupancy.total.short_waiting
     saved, engine_host.admission = engine_host.admission, None
 
     async def two_batches():
@@ -71,3 +72,6 @@ def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_hos
     tickets = [order[0] for order in gate.grants]
     # Every conversation of the batch taken first was admitted before any of the second's.
     assert tickets == sorted(tickets) and len(set(tickets)) == 2
+    # The occupancy sampler (worker/occupancy.py) saw what this gate did: an engine far below
+    # max_num_seqs while conversations waited at the gate, the starvation it exists to report.
+    assert engine_host.occupancy.total.short_waiting > short_before

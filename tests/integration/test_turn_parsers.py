@@ -62,6 +62,10 @@ def test_thought_answer_and_calls_as_regens_own_parser_reads_them(tokenizer, qwe
         ours = regen.parse(g, thinking=True, tools=TOOLS, turn=2)
         theirs = qwen.parse(g, thinking=True, tools=TOOLS, turn=2)
         assert theirs == ours, text
+        # As the worker's engine hands it over: ids only (vLLM does not detokenize), decoded by the parser.
+        ids_only = Generation(prompt_token_ids=[1], token_ids=g.token_ids, finish_reason=g.finish_reason)
+        assert regen.parse(ids_only, thinking=True, tools=TOOLS, turn=2) == ours, text
+        assert qwen.parse(ids_only, thinking=True, tools=TOOLS, turn=2) == ours, text
     malformed, _ = qwen.parse(_gen(tokenizer, texts[3]), thinking=True, tools=TOOLS, turn=0)
     assert (malformed.content, malformed.think_tags_ok) == ("an answer <think>again</think> and more", False)
     split, calls = qwen.parse(_gen(tokenizer, texts[1]), thinking=True, tools=TOOLS, turn=2)
