@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import json
 import pstats
 import random
 import statistics
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     profiler = cProfile.Profile() if args.profile else None
     loop_s = encode_s = 0.0
     tokens = sum(len(a) for a in answers)
-    shard_bytes = 0
+    shard_bytes = done = 0
     loop = asyncio.new_event_loop()
     if profiler:
         profiler.enable()
@@ -137,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.thread_time()
         out = loop.run_until_complete(generate_batch(engine, renderer, batch, run))
         t1 = time.thread_time()
+        done += sum(r["status"] == "done" for r in out)
         _classify(out, run, annotate=True)
         shard_bytes += len(encode_shard(out))
         encode_s += time.thread_time() - t1
@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         profiler.disable()
     loop.close()
     n = len(samples)
-    done = sum(1 for _ in samples)
+    if done != n:
+        raise SystemExit(f"only {done} of {n} conversations were regenerated: the stand-in engine is wrong")
     print(f"{n:,} conversations in {len(batches)} batches of {args.batch_size}; {tokens:,} completion tokens "
           f"(mean {statistics.mean(len(a) for a in answers):.0f}); parser: {renderer.parser_for(run['sampling']).description}")
     print(f"{'step':<52} {'CPU-s':>7} {'ms / conversation':>18} {'CPU-s / 1K tokens':>18}")
@@ -153,12 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                     ("Celery thread: classify, JSON-encode, zstd (the shard)", encode_s),
                     ("both", loop_s + encode_s)):
         print(f"{what:<52} {s:>7.2f} {s / n * 1e3:>18.3f} {s / tokens * 1e3:>18.4f}")
-    print(f"shard bytes: {shard_bytes:,} ({shard_bytes / n:,.0f} per conversation); {done} rows")
+    print(f"shard bytes: {shard_bytes:,} ({shard_bytes / n:,.0f} per conversation); {done} rows done")
     if profiler:
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.profile)
         print(buf.getvalue())
-    json.dumps({})
     return 0
 
 
