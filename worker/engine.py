@@ -144,8 +144,10 @@ class EngineHost:
         self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
         self.admission = AdmissionGate(admission_level(self.max_num_seqs))
         self._count_unfinished = _unfinished_counter(self._llm)
-        self.occupancy = OccupancySampler(self._count_unfinished, lambda: int(bool(self.admission and self.admission.has_waiting)),
-                                          self.max_num_seqs)
+        # The gate is read at each sample: a test may swap it (tests/integration/test_admission_engine.py).
+        self.occupancy = OccupancySampler(
+            self._count_unfinished, lambda: int(bool(self.admission and self.admission.has_waiting)),
+            self.max_num_seqs)
         asyncio.ensure_future(self.occupancy.run())  # cancelled with the loop's other tasks at shutdown
         self.engine_version = f"vllm {vllm.__version__}"
         if not _supported(vllm.__version__):

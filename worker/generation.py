@@ -28,10 +28,10 @@ def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[s
     # generation_config.json and the run record use 0 for "no top-k"; so does vLLM.
     params["top_k"] = max(0, int(params.get("top_k") or 0))
     # No incremental detokenization in vLLM's frontend: regen's parsers decode each
-    # completion once from its ids (worker/turn_parsers.py), and vLLM's per-token
-    # decoding ran on the engine's event loop, where it was half of that thread's time
-    # (bench/worker_cpu.py, docs/performance.md). Nothing regen asks of vLLM needs text:
-    # its stops are token ids.
+    # completion once from its ids (worker/turn_parsers.py), while vLLM's per-token
+    # decoding ran on the engine's event loop (11% of that thread's CPU on the CPU
+    # benchmark, docs/performance.md). Nothing regen asks of vLLM needs text: its stops
+    # are token ids.
     params.update(seed=seed, max_tokens=max_tokens, detokenize=False)
     return params
 

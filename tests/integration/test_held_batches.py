@@ -23,13 +23,20 @@ from worker.holding import CEILING
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def _most_held_at_once(sessions, run: str) -> int:
+def _spans(sessions, run: str) -> list[tuple]:
     with sessions() as s:
-        spans = s.execute(text("SELECT b.started_at, b.finished_at FROM batches b JOIN runs r ON r.id = b.run_id "
-                               "WHERE r.name = :n AND b.status = 'done'"), {"n": run}).all()
+        return s.execute(text("SELECT b.started_at, b.finished_at FROM batches b JOIN runs r ON r.id = b.run_id "
+                              "WHERE r.name = :n AND b.status = 'done'"), {"n": run}).all()
+
+
+def _most_held_at_once(spans: list[tuple], *, within_s: float | None = None) -> int:
+    """The most batches between claim and commit at one moment (in the first ``within_s`` seconds)."""
+    first = min(start for start, _ in spans)
     events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
     held = most = 0
-    for _, step in events:
+    for at, step in events:
+        if within_s is not None and (at - first).total_seconds() > within_s:
+            break
         held += step
         most = max(most, held)
     return most
@@ -52,7 +59,12 @@ def test_a_starving_engine_makes_the_worker_hold_more_batches_up_to_its_ceiling(
     grown = [int(n) for n in re.findall(r"holding up to (\d+) batches \(was \d+\)", w.log())]
     assert grown, f"the worker never held more than its start:\n{w.log()[-4000:]}"
     assert grown == sorted(grown) and grown[-1] <= start * CEILING
-    most = _most_held_at_once(sessions, "held")
+    spans = _spans(sessions, "held")
+    most = _most_held_at_once(spans)
     assert start < most <= start * CEILING, f"held {most} batches at once (start {start}, grown to {grown})"
+    # The start is enforced: 80 batches were queued, yet in the first 1.9 s (one window: at most
+    # one growth) the worker held no more than start + 1, not the 12 threads its pool has.
+    early = _most_held_at_once(spans, within_s=1.9)
+    assert early <= start + 1, f"held {early} batches at once in the run's first 1.9 s (start {start})"
     row = account(sessions, "held", expected_ids=expected)
     assert (row.done, row.lost, row.dup_ledger, row.dup_outputs) == (320, 0, 0, 0)
