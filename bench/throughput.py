@@ -80,6 +80,15 @@ def engine_args(extra: dict | None = None, *, on_cpu: bool = True) -> dict:
     return {**engine_defaults(on_cpu), **BENCH_ENGINE_ARGS, **(extra or {})}
 
 
+def tiny_bench_model() -> str:
+    """The random-weight tiny model every CPU benchmark uses by default, built once per build key."""
+    from worker.tiny.model import build_key, build_tiny_model
+
+    # One folder per build key: a changed tiny_model.py builds beside the old one, never over it.
+    folder = Path("/tmp/regen-bench-model") / f"tiny-random-{build_key('random', 0)[:12]}"
+    return str(build_tiny_model(folder, variant="random"))
+
+
 def run_config(model: str, max_tokens: int):
     """The run every system run uses; (a) derives its requests from the same record."""
     from dataclasses import replace
@@ -224,13 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     started = time.perf_counter()
 
-    model = args.model
-    if model is None:
-        from worker.tiny.model import build_key, build_tiny_model
-
-        # One folder per build key: a changed tiny_model.py builds beside the old one, never over it.
-        folder = Path("/tmp/regen-bench-model") / f"tiny-random-{build_key('random', 0)[:12]}"
-        model = str(build_tiny_model(folder, variant="random"))
+    model = args.model or tiny_bench_model()
     rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     config = run_config(model, args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]

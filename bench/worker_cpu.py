@@ -30,7 +30,6 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from bench.prompts import lognormal_lengths, sentence_pool, throughput_rows
 
@@ -94,18 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from bench.throughput import run_config
+    from bench.throughput import run_config, tiny_bench_model
     from ledger.shards import encode_shard
     from worker.batch_task import _classify
     from worker.generation import generate_batch
     from worker.rendering import Renderer
 
-    model = args.model
-    if model is None:
-        from worker.tiny.model import build_key, build_tiny_model
-
-        folder = Path("/tmp/regen-bench-model") / f"tiny-random-{build_key('random', 0)[:12]}"
-        model = str(build_tiny_model(folder, variant="random"))
+    model = args.model or tiny_bench_model()
     tokenizer = AutoTokenizer.from_pretrained(model)
     config = run_config(model, args.max_tokens)
     run = {"name": "bench", "model": model, "sampling": config.as_record(), "config_hash": "bench",

@@ -146,7 +146,7 @@ class EngineHost:
         self._count_unfinished = _unfinished_counter(self._llm)
         # The gate is read at each sample: a test may swap it (tests/integration/test_admission_engine.py).
         self.occupancy = OccupancySampler(
-            self._count_unfinished, lambda: int(bool(self.admission and self.admission.has_waiting)),
+            self._count_unfinished, lambda: bool(self.admission and self.admission.has_waiting),
             self.max_num_seqs)
         asyncio.ensure_future(self.occupancy.run())  # cancelled with the loop's other tasks at shutdown
         self.engine_version = f"vllm {vllm.__version__}"

@@ -110,9 +110,9 @@ def parse_windows(lines: Iterable[str]) -> Window:
 class OccupancySampler:
     """Samples the engine's request count, the gate's queue and the loop's lag; logs a window per period."""
 
-    def __init__(self, requests: Callable[[], int], waiting: Callable[[], int], max_num_seqs: int, *,
+    def __init__(self, requests: Callable[[], int], anyone_waiting: Callable[[], bool], max_num_seqs: int, *,
                  interval_s: float = INTERVAL_S, report_s: float = REPORT_S):
-        self._requests, self._waiting = requests, waiting
+        self._requests, self._anyone_waiting = requests, anyone_waiting
         self.max_num_seqs = max_num_seqs
         self.interval_s, self.report_s = interval_s, report_s
         self.window = Window()
@@ -122,7 +122,7 @@ class OccupancySampler:
         self._unread = Window()
 
     def sample(self, lag_s: float) -> None:
-        kwargs = {"requests": self._requests(), "waiting": self._waiting(), "max_num_seqs": self.max_num_seqs,
+        kwargs = {"requests": self._requests(), "waiting": int(bool(self._anyone_waiting())), "max_num_seqs": self.max_num_seqs,
                   "lag_s": max(0.0, lag_s)}
         self.window.add(**kwargs)
         self.total.add(**kwargs)
