@@ -33,6 +33,7 @@ from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
 from worker.engine_args import format_engine_args
+from worker import thread_cpu
 from worker.occupancy import Window, parse_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,16 @@ class WorkerRun:
     worker_pids: set[int] = field(default_factory=set)
     #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
     occupancy: Window = field(default_factory=Window)
+    #: CPU seconds by thread kind of the worker process(es) over the same windows (worker/thread_cpu.py).
+    thread_cpu: dict[str, float] = field(default_factory=dict)
+
+    def thread_cpu_note(self, top: int = 6) -> str:
+        if not self.thread_cpu:
+            return "worker CPU by thread: no window logged"
+        shown = list(self.thread_cpu.items())[:top]
+        rest = sum(self.thread_cpu.values()) - sum(v for _, v in shown)
+        return "worker CPU by thread: " + ", ".join(f"{k} {v:.1f} s" for k, v in shown) + (
+            f", the rest {rest:.1f} s" if rest >= 0.05 else "")
 
     def occupancy_note(self) -> str:
         o = self.occupancy
@@ -322,10 +333,11 @@ class SystemUnderTest:
             raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
         with open(self.worker.log_path, "rb") as f:
             f.seek(log_offset)
-            occupancy = parse_windows(f.read().decode(errors="replace").splitlines())
+            logged = f.read().decode(errors="replace").splitlines()
+        occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
-                         batches_in_flight=in_flight, occupancy=occupancy)
+                         batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu)
 
     def stop(self) -> None:
         self.worker.stop()

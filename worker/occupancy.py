@@ -17,6 +17,7 @@ windows of a run up). "Requests" are what the engine holds, running or queued in
 below max_num_seqs it cannot be running a full batch. The lag is how late the sampler's
 own sleep wakes: the time every other callback on the loop (vLLM's output handler,
 rendering, parsing, admission) keeps it busy. A sample costs one ``len()``; ten a second.
+Each window's line is followed by the process's CPU by thread over it (worker/thread_cpu.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from . import thread_cpu
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,8 @@ class OccupancySampler:
         self.total = Window()
         #: Since the last ``take`` (worker/holding.py reads it every few seconds).
         self._unread = Window()
+        #: Logged beside each window: which thread was busy when the engine ran short with work waiting.
+        self._cpu = thread_cpu.ThreadCpu()
 
     def sample(self, lag_s: float) -> None:
         kwargs = {"requests": self._requests(), "waiting": int(bool(self._anyone_waiting())), "max_num_seqs": self.max_num_seqs,
@@ -140,8 +145,10 @@ class OccupancySampler:
                 "loop_lag_max_seconds": self.total.lag_max_s}
 
     def report(self, seconds: float) -> None:
+        cpu = self._cpu.take()
         if self.window.busy:
             log.info("%s", self.window.line(seconds, self.max_num_seqs))
+            log.info("%s", thread_cpu.line(seconds, cpu))
         self.window = Window()
 
     async def run(self) -> None:

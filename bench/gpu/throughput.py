@@ -221,7 +221,8 @@ def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[st
 def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: dict, label: str, k: int, tp: int,
                  processes: int) -> tuple[str, str, int, float, str]:
     what = {"b": "whole system, regen worker, default admission",
-            "c": "one batch at a time, --concurrency 1",
+            "c": "one batch at a time, --concurrency 1" + (
+                f", the first {len(rows):,} requests" if label == "c" and len(rows) < args.prompts else ""),
             "b2": "whole system on 2 GPUs (gpu0@, gpu1@), one SIGKILLed mid-run",
             "t": "whole system, one engine over 2 GPUs, --tp 2"}[label]
     print(f"({label}) {what}: starting the worker", flush=True)
@@ -244,7 +245,7 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
         frontend_cpu = after[1] - before[1]
         notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
                  f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
-                 f"{result.occupancy_note()}")
+                 f"{result.occupancy_note()}; {result.thread_cpu_note()}")
         if label == "b2":
             check = exactly_once(system, label, len(rows))
             back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \
@@ -282,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="phases to skip, comma-separated, e.g. c or a,c (b,c: bare alone, in a call of its own)")
     p.add_argument("--keep-logs", default=os.environ.get("OUT"), help="copy each worker's log here (default: $OUT)")
     p.add_argument("--two-gpus", action="store_true", help="the two-GPU phases (b2 with a kill, t with --tp 2)")
+    p.add_argument("--c-prompts", type=int, default=512, metavar="N",
+                   help="(c) runs over the first N requests only (0: all): one batch at a time, the whole "
+                        "workload would take an hour; its rate is still set beside (a)'s")
     p.add_argument("--estimate", type=int, default=0, metavar="N",
                    help="regen estimate on a pilot of N requests before (b), compared with (b) after it")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
@@ -321,8 +325,14 @@ def main(argv: list[str] | None = None) -> int:
                     estimated = True
                 except Exception as e:  # noqa: BLE001 - report it and go on with the run
                     print(f"(e) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+            phase_jsonl, phase_rows = jsonl, rows
+            if label == "c" and 0 < args.c_prompts < len(rows):
+                phase_rows = rows[:args.c_prompts]
+                phase_jsonl = Path(scratch.workdir) / "prompts-c.jsonl"
+                write_jsonl(phase_jsonl, phase_rows)
             try:
-                results.append(system_phase(args, scratch, jsonl, rows, config, extra, label, k, tp, processes))
+                results.append(system_phase(args, scratch, phase_jsonl, phase_rows, config, extra, label, k, tp,
+                                            processes))
                 if estimated:
                     compare_phase(scratch, label)
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
