@@ -32,8 +32,8 @@ from ledger.orphans import die_with_parent
 from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
-from worker.engine_args import format_engine_args
 from worker import thread_cpu
+from worker.engine_args import format_engine_args
 from worker.occupancy import Window, parse_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +44,27 @@ WARMUP_ROWS = 16
 WARMUP_MAX_TOKENS = 16
 #: Queued batches, none running, an empty queue for this long: the messages are gone.
 LOST_MESSAGES_S = 60.0
+
+
+#: The part of a run's window read as its steady state: start-up and drain left out of both ends.
+STEADY = (0.2, 0.8)
+
+
+def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float) -> float | None:
+    """Output tokens per second finished in the middle of ``[start, end]`` (``STEADY``), or None.
+
+    Both (a) and (b) lose time at their ends: (a) while ``LLM.generate`` adds every request
+    and in the drain, (b) while the first batches are claimed and rendered and in the same
+    drain. Over the middle of a long run the finished tokens per second are the rate the
+    engine held, so the two rates side by side say whether the worker kept the engine as
+    busy as bare vLLM, apart from the ends. ``finished``: (time, tokens) of each request
+    (a) or batch (b) at its end; batches are coarser, so the middle must hold many.
+    """
+    lo, hi = start + STEADY[0] * (end - start), start + STEADY[1] * (end - start)
+    inside = [tokens for t, tokens in finished if lo <= t < hi]
+    if hi <= lo or len(inside) < 20:
+        return None
+    return sum(inside) / (hi - lo)
 
 
 @dataclass
@@ -60,6 +81,8 @@ class WorkerRun:
     disturbed: bool = False
     #: Mean batches between claim and commit over the window (K at best; lower in the drain).
     batches_in_flight: float = 0.0
+    #: Tokens per second over the middle of the window (``steady_tok_s``), from the batches' commits.
+    steady_tok_s: float | None = None
     worker_pids: set[int] = field(default_factory=set)
     #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
     occupancy: Window = field(default_factory=Window)
@@ -260,7 +283,7 @@ def postmaster_started(scratch: Scratch):
         engine.dispose()
 
 
-def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int, float]:
+def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int, float, float | None]:
     """Completion tokens, the claim-to-commit window and the mean batches in flight, from the ledger."""
     engine = make_engine(scratch.settings)
     try:
@@ -270,6 +293,9 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
                 "sum(extract(epoch FROM b.finished_at - b.started_at)) "
                 "FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :run AND b.status = 'done'"),
                 {"run": run_name}).one()
+            finished = [(t.timestamp(), int(n)) for t, n in conn.execute(text(
+                "SELECT b.finished_at, b.completion_tokens FROM batches b JOIN runs r ON r.id = b.run_id "
+                "WHERE r.name = :run AND b.status = 'done'"), {"run": run_name})]
             samples, stopped, failed = conn.execute(text(
                 "SELECT count(*), count(*) FILTER (WHERE s.finish_reason = 'stop'), "
                 "count(*) FILTER (WHERE s.status = 'failed') FROM samples s JOIN runs r ON r.id = s.run_id "
@@ -277,7 +303,9 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
     finally:
         engine.dispose()
     window_s = (last - first).total_seconds()
-    return int(tokens), window_s, int(samples), int(stopped), int(failed), int(batches), float(busy_s) / window_s
+    steady = steady_tok_s(finished, first.timestamp(), last.timestamp())
+    return (int(tokens), window_s, int(samples), int(stopped), int(failed), int(batches), float(busy_s) / window_s,
+            steady)
 
 
 def _warmup_file(jsonl: Path) -> Path:
@@ -328,7 +356,7 @@ class SystemUnderTest:
                                batch_size=self.batch_size, queue=self.queue)
         _wait_done(self.scratch, self.worker, run_name, self.queue)
         disturbed = postmaster_started(self.scratch) != pg_started
-        tokens, seconds, samples, stopped, failed, batches, in_flight = _measure(self.scratch, run_name)
+        tokens, seconds, samples, stopped, failed, batches, in_flight, steady = _measure(self.scratch, run_name)
         if failed or batches != expected:
             raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
         with open(self.worker.log_path, "rb") as f:
@@ -337,7 +365,7 @@ class SystemUnderTest:
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
-                         batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu)
+                         batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady)
 
     def stop(self) -> None:
         self.worker.stop()

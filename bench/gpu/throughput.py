@@ -50,7 +50,7 @@ import psutil
 
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
-from bench.system_run import SystemUnderTest, WorkerRun, per_sample_budgets
+from bench.system_run import STEADY, SystemUnderTest, WorkerRun, per_sample_budgets
 from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.local_services import local_postgres, local_redis
 from ledger.objects import ObjectStore
@@ -165,6 +165,12 @@ def exactly_once(system: SystemUnderTest, run_name: str, expected: int) -> dict:
             "first_retry_started": retried[1].timestamp() if retried[1] else None}
 
 
+def steady_note(tok_s: float | None) -> str:
+    """The middle of the run's rate (bench/system_run.py steady_tok_s): the ends left out."""
+    lo, hi = (int(x * 100) for x in STEADY)
+    return f"steady state ({lo}-{hi}% of the run) {tok_s:,.0f} tok/s" if tok_s else "steady state: too few ends"
+
+
 def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float | None, extra: str = "") -> str:
     tok_s = tokens / seconds if seconds else 0.0
     ratio = f"{tok_s / bare_tok_s:.3f}" if bare_tok_s else ("1" if label == "a" else "-")
@@ -210,10 +216,12 @@ def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[st
     print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs {sched.max_num_seqs}, "
           f"batched tokens {sched.max_num_batched_tokens}", flush=True)
     cpu0 = sum(psutil.Process().cpu_times()[:2])
-    m = bare.run("a", prompts, params)
+    with GpuSampler() as gpu:
+        m = bare.run("a", prompts, params)
     cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
     bare.shutdown()
-    notes = f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens"
+    notes = (f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
+             f"{steady_note(m.steady_tok_s)}")
     print(f"    (a) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
     return "a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, notes
 
@@ -243,7 +251,8 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
             result: WorkerRun = system.run(label)
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
-        notes = (f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
+        notes = (f"{steady_note(result.steady_tok_s)}; "
+                 f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
                  f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
                  f"{result.occupancy_note()}; {result.thread_cpu_note()}")
         if label == "b2":
