@@ -34,7 +34,7 @@ from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
 from worker import thread_cpu
 from worker.engine_args import format_engine_args
-from worker.occupancy import Window, parse_windows
+from worker.occupancy import Window, logged_windows, parse_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 #: vLLM's CPU build loads the tiny model in ~20-60 s; much longer when other jobs share the cores.
@@ -50,19 +50,24 @@ LOST_MESSAGES_S = 60.0
 STEADY = (0.2, 0.8)
 
 
-def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float) -> float | None:
-    """Output tokens per second finished in the middle of ``[start, end]`` (``STEADY``), or None.
+def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float, *,
+                 at_least: int = 20) -> float | None:
+    """Output tokens per second that ended in the middle of ``[start, end]`` (``STEADY``), or None.
 
     Both (a) and (b) lose time at their ends: (a) while ``LLM.generate`` adds every request
     and in the drain, (b) while the first batches are claimed and rendered and in the same
-    drain. Over the middle of a long run the finished tokens per second are the rate the
-    engine held, so the two rates side by side say whether the worker kept the engine as
-    busy as bare vLLM, apart from the ends. ``finished``: (time, tokens) of each request
-    (a) or batch (b) at its end; batches are coarser, so the middle must hold many.
+    drain. Over the middle of a long run the tokens of the generations ending per second
+    are the rate the engine held, so the two side by side say whether the worker kept the
+    engine as busy as bare vLLM, apart from the ends. ``finished``: (time, tokens) of each
+    request at its end (a), or of each worker occupancy window (b: worker/occupancy.py
+    counts the tokens of the generations that ended in it). Not batch commits: a worker
+    holds a hundred batches open, a quarter of this workload's tokens, so commits lag the
+    generation by tens of seconds: on an H200 they read the middle of a run at 14,640
+    tok/s where the whole run averaged 15,121.
     """
     lo, hi = start + STEADY[0] * (end - start), start + STEADY[1] * (end - start)
     inside = [tokens for t, tokens in finished if lo <= t < hi]
-    if hi <= lo or len(inside) < 20:
+    if hi <= lo or len(inside) < at_least:
         return None
     return sum(inside) / (hi - lo)
 
@@ -81,7 +86,7 @@ class WorkerRun:
     disturbed: bool = False
     #: Mean batches between claim and commit over the window (K at best; lower in the drain).
     batches_in_flight: float = 0.0
-    #: Tokens per second over the middle of the window (``steady_tok_s``), from the batches' commits.
+    #: Tokens per second over the middle of the window (``steady_tok_s``), from the worker's windows.
     steady_tok_s: float | None = None
     worker_pids: set[int] = field(default_factory=set)
     #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
@@ -283,7 +288,7 @@ def postmaster_started(scratch: Scratch):
         engine.dispose()
 
 
-def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int, float, float | None]:
+def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int, int, float, tuple[float, float]]:
     """Completion tokens, the claim-to-commit window and the mean batches in flight, from the ledger."""
     engine = make_engine(scratch.settings)
     try:
@@ -293,9 +298,6 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
                 "sum(extract(epoch FROM b.finished_at - b.started_at)) "
                 "FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.name = :run AND b.status = 'done'"),
                 {"run": run_name}).one()
-            finished = [(t.timestamp(), int(n)) for t, n in conn.execute(text(
-                "SELECT b.finished_at, b.completion_tokens FROM batches b JOIN runs r ON r.id = b.run_id "
-                "WHERE r.name = :run AND b.status = 'done'"), {"run": run_name})]
             samples, stopped, failed = conn.execute(text(
                 "SELECT count(*), count(*) FILTER (WHERE s.finish_reason = 'stop'), "
                 "count(*) FILTER (WHERE s.status = 'failed') FROM samples s JOIN runs r ON r.id = s.run_id "
@@ -303,9 +305,8 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
     finally:
         engine.dispose()
     window_s = (last - first).total_seconds()
-    steady = steady_tok_s(finished, first.timestamp(), last.timestamp())
     return (int(tokens), window_s, int(samples), int(stopped), int(failed), int(batches), float(busy_s) / window_s,
-            steady)
+            (first.timestamp(), last.timestamp()))
 
 
 def _warmup_file(jsonl: Path) -> Path:
@@ -356,13 +357,15 @@ class SystemUnderTest:
                                batch_size=self.batch_size, queue=self.queue)
         _wait_done(self.scratch, self.worker, run_name, self.queue)
         disturbed = postmaster_started(self.scratch) != pg_started
-        tokens, seconds, samples, stopped, failed, batches, in_flight, steady = _measure(self.scratch, run_name)
+        tokens, seconds, samples, stopped, failed, batches, in_flight, (first, last) = _measure(self.scratch, run_name)
         if failed or batches != expected:
             raise RuntimeError(f"{run_name}: {batches} of {expected} batches done, {failed} samples failed")
         with open(self.worker.log_path, "rb") as f:
             f.seek(log_offset)
             logged = f.read().decode(errors="replace").splitlines()
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
+        windows = [(w.at, w.tokens) for w in logged_windows(logged) if w.at]
+        steady = steady_tok_s(windows, first, last, at_least=5)
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
                          batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady)

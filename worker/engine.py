@@ -181,6 +181,8 @@ class EngineHost:
         if final is None:
             raise EngineDead(f"engine returned no output for {request_id}")
         completion = final.outputs[0]
+        if self.occupancy is not None:
+            self.occupancy.ended(len(completion.token_ids))
         return Generation(
             prompt_token_ids=list(final.prompt_token_ids or prompt_token_ids),
             token_ids=list(completion.token_ids),

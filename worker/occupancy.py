@@ -8,13 +8,15 @@ hold more batches), or it holds enough but its event loop is too slow to hand it
 (conversations wait at the gate while the engine has room: less Python per
 conversation on the loop). This tells them apart, every ``REPORT_S`` seconds:
 
-    engine occupancy (60 s): 1,530 requests on average, max_num_seqs 1,024; below it 0.2% of
-    the time with conversations waiting at the gate, 0.0% with none; loop lag mean 0.4 ms, max 12 ms
-    [samples 600 short_waiting 1 short_idle 0 requests 1530.2 lag_ms 0.4 lag_max_ms 12.0]
+    engine occupancy (60 s): 15,620 output tok/s, 1,530 requests on average, max_num_seqs 1,024;
+    below it 0.2% of the time with conversations waiting at the gate, 0.0% with none; loop lag mean
+    0.4 ms, max 12 ms [samples 600 short_waiting 1 short_idle 0 requests 1530.2 lag_ms 0.4
+    lag_max_ms 12.0 tokens 937200 at 1764604214.7]
 
 The bracket is for scripts (bench/throughput.py and bench/gpu/throughput.py add the
-windows of a run up). "Requests" are what the engine holds, running or queued in it;
-below max_num_seqs it cannot be running a full batch. The lag is how late the sampler's
+windows of a run up, and read the output tokens of the generations that ended in each
+window, ``at`` its end, for a run's steady-state rate). "Requests" are what the engine
+holds, running or queued in it; below max_num_seqs it cannot be running a full batch. The lag is how late the sampler's
 own sleep wakes: the time every other callback on the loop (vLLM's output handler,
 rendering, parsing, admission) keeps it busy. A sample costs one ``len()``; ten a second.
 Each window's line is followed by the process's CPU by thread over it (worker/thread_cpu.py).
@@ -51,6 +53,10 @@ class Window:
     requests_sum: int = 0
     lag_sum_s: float = 0.0
     lag_max_s: float = 0.0
+    #: Output tokens of the generations that ended in the window.
+    tokens: int = 0
+    #: When the window ended (epoch seconds; 0 for a sum of windows).
+    at: float = 0.0
 
     def add(self, *, requests: int, waiting: int, max_num_seqs: int, lag_s: float) -> None:
         self.samples += 1
@@ -66,12 +72,13 @@ class Window:
     def merge(self, other: Window) -> Window:
         return Window(self.samples + other.samples, self.short_waiting + other.short_waiting,
                       self.short_idle + other.short_idle, self.requests_sum + other.requests_sum,
-                      self.lag_sum_s + other.lag_sum_s, max(self.lag_max_s, other.lag_max_s))
+                      self.lag_sum_s + other.lag_sum_s, max(self.lag_max_s, other.lag_max_s),
+                      self.tokens + other.tokens)
 
     @property
     def busy(self) -> bool:
         """Anything happened: an idle worker logs nothing."""
-        return self.requests_sum > 0 or self.short_waiting > 0
+        return self.requests_sum > 0 or self.short_waiting > 0 or self.tokens > 0
 
     def share(self, n: int) -> float:
         return n / self.samples if self.samples else 0.0
@@ -85,28 +92,37 @@ class Window:
         return self.lag_sum_s / self.samples if self.samples else 0.0
 
     def line(self, seconds: float, max_num_seqs: int) -> str:
-        return (f"engine occupancy ({seconds:.0f} s): {self.requests_mean:,.0f} requests on average, "
+        return (f"engine occupancy ({seconds:.0f} s): {self.tokens / max(seconds, 1e-9):,.0f} output tok/s, "
+                f"{self.requests_mean:,.0f} requests on average, "
                 f"max_num_seqs {max_num_seqs:,}; below it {self.share(self.short_waiting):.1%} of the time with "
                 f"conversations waiting at the gate, {self.share(self.short_idle):.1%} with none; loop lag mean "
                 f"{self.lag_mean_s * 1e3:.1f} ms, max {self.lag_max_s * 1e3:.0f} ms "
                 f"[samples {self.samples} short_waiting {self.short_waiting} short_idle {self.short_idle} "
                 f"requests {self.requests_mean:.1f} lag_ms {self.lag_mean_s * 1e3:.2f} "
-                f"lag_max_ms {self.lag_max_s * 1e3:.1f}]")
+                f"lag_max_ms {self.lag_max_s * 1e3:.1f} tokens {self.tokens} at {self.at:.1f}]")
 
 
 _BRACKET = re.compile(r"\[samples (\d+) short_waiting (\d+) short_idle (\d+) requests ([\d.]+) "
-                      r"lag_ms ([\d.]+) lag_max_ms ([\d.]+)\]")
+                      r"lag_ms ([\d.]+) lag_max_ms ([\d.]+)(?: tokens (\d+) at ([\d.]+))?\]")
+
+
+def logged_windows(lines: Iterable[str]) -> list[Window]:
+    """Each window logged in ``lines`` (a worker log), in order."""
+    windows = []
+    for line in lines:
+        m = _BRACKET.search(line)
+        if m:
+            n, sw, si = int(m[1]), int(m[2]), int(m[3])
+            windows.append(Window(n, sw, si, round(float(m[4]) * n), float(m[5]) / 1e3 * n, float(m[6]) / 1e3,
+                                  int(m[7] or 0), float(m[8] or 0.0)))
+    return windows
 
 
 def parse_windows(lines: Iterable[str]) -> Window:
     """The windows logged in ``lines`` (a worker log), added up."""
     total = Window()
-    for line in lines:
-        m = _BRACKET.search(line)
-        if m:
-            n, sw, si = int(m[1]), int(m[2]), int(m[3])
-            total = total.merge(Window(n, sw, si, round(float(m[4]) * n), float(m[5]) / 1e3 * n,
-                                       float(m[6]) / 1e3))
+    for window in logged_windows(lines):
+        total = total.merge(window)
     return total
 
 
@@ -133,6 +149,11 @@ class OccupancySampler:
         self.total.add(**kwargs)
         self._unread.add(**kwargs)
 
+    def ended(self, tokens: int) -> None:
+        """A generation ended with ``tokens`` output tokens (called on the loop, by EngineHost.generate)."""
+        self.window.tokens += tokens
+        self.total.tokens += tokens
+
     def take(self) -> Window:
         """The samples since the last call (from another thread: a sample may land in either window)."""
         taken, self._unread = self._unread, Window()
@@ -146,6 +167,7 @@ class OccupancySampler:
 
     def report(self, seconds: float) -> None:
         cpu = self._cpu.take()
+        self.window.at = time.time()
         if self.window.busy:
             log.info("%s", self.window.line(seconds, self.max_num_seqs))
             log.info("%s", thread_cpu.line(seconds, cpu))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from worker.occupancy import OccupancySampler, Window, parse_windows
+from worker.occupancy import OccupancySampler, Window, logged_windows, parse_windows
 
 
 def test_short_samples_are_told_apart_by_whether_work_waited_at_the_gate():
@@ -22,8 +22,12 @@ def test_a_logged_window_reads_back_the_same_and_windows_add_up():
         a.add(requests=50, waiting=1, max_num_seqs=32, lag_s=0.001)
     for n in range(30):
         b.add(requests=n, waiting=n % 2, max_num_seqs=32, lag_s=0.010)
+    a.tokens, a.at, b.tokens, b.at = 1200, 1764604214.7, 300, 1764604217.7
     lines = ["unrelated log line", a.line(1.0, 32), "x " + b.line(3.0, 32)]
+    assert "1,200 output tok/s" in lines[1] and "100 output tok/s" in lines[2]
+    assert [(w.tokens, w.at) for w in logged_windows(lines)] == [(1200, 1764604214.7), (300, 1764604217.7)]
     total = parse_windows(lines)
+    assert total.tokens == 1500
     expected = a.merge(b)
     assert (total.samples, total.short_waiting, total.short_idle) == (40, 15, 15)
     assert (total.samples, total.short_waiting, total.short_idle) == \
@@ -42,6 +46,7 @@ def test_the_sampler_sees_a_blocked_loop_as_lag_and_logs_a_window(caplog):
         await asyncio.sleep(0.05)
         import time
         time.sleep(0.15)  # a callback holding the loop (rendering, a parser) for 150 ms
+        sampler.ended(40)  # a generation of 40 tokens ends
         await asyncio.sleep(0.15)
         task.cancel()
 
@@ -57,3 +62,5 @@ def test_the_sampler_sees_a_blocked_loop_as_lag_and_logs_a_window(caplog):
     line = lines[0]
     assert "100.0% of the time with conversations waiting" in line
     assert parse_windows([line]).samples > 0
+    assert sum(w.tokens for w in logged_windows(lines)) == sampler.total.tokens == 40
+    assert all(w.at > 0 for w in logged_windows(lines))
