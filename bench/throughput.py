@@ -189,7 +189,8 @@ def _cpu_s(pids: set[int]) -> float:
 
 
 def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
-    what += f", {result.batches} batches, {result.batches_in_flight:.1f} in flight on average; {result.occupancy_note()}; {result.thread_cpu_note()}"
+    what += (f", {result.batches} batches, {result.batches_in_flight:.1f} in flight on average; "
+             f"{result.occupancy_note()}; {result.thread_cpu_note()}")
     if result.disturbed:
         what += " (DISTURBED: Postgres was restarted during the run)"
     return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,

@@ -9,7 +9,7 @@ them is busy is the first question when the engine runs short with work waiting
 thread's CPU time in ``/proc/self/task/<tid>/stat``; Python knows each thread's
 ``native_id`` and name. Joined, they give a line a period:
 
-    worker CPU by thread (60 s): vllm-engine-loop 31.2 s, ThreadPoolExecutor 4.1 s, ...
+    worker CPU by thread (60 s): vllm-engine-loop 21.0 s, ThreadPoolExecutor-2 5.1 s, ...
 
 Threads Python did not start (vLLM's and torch's native ones, the main thread's C
 work) count under ``other``. Elsewhere than Linux it returns nothing.
