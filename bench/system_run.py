@@ -65,11 +65,37 @@ def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float, *,
     generation by tens of seconds: on an H200 they read the middle of a run at 14,640
     tok/s where the whole run averaged 15,121.
     """
-    lo, hi = start + STEADY[0] * (end - start), start + STEADY[1] * (end - start)
+    lo, hi = _middle(start, end)
     inside = [tokens for t, tokens in finished if lo <= t < hi]
     if hi <= lo or len(inside) < at_least:
         return None
     return sum(inside) / (hi - lo)
+
+
+def _middle(start: float, end: float) -> tuple[float, float]:
+    return start + STEADY[0] * (end - start), start + STEADY[1] * (end - start)
+
+
+def steady_window_tok_s(windows: list[tuple[float, float, int]], start: float, end: float, *,
+                        at_least: int = 5) -> float | None:
+    """``steady_tok_s`` from the worker's occupancy windows: (start, end, tokens) of each.
+
+    A window's tokens count in the share of it that lies in the middle: counting each
+    window whole by its end would be off by up to a window (5 s of a 110-s middle, 4.5%)
+    depending on where the windows happen to fall. Each window carries its own length (the
+    log's ``over``), so the windows of several worker processes in one log add up to their
+    total, and a gap where a worker was idle counts as no tokens.
+    """
+    lo, hi = _middle(start, end)
+    inside, counted = 0.0, 0
+    for t0, t1, tokens in windows:
+        overlap = min(t1, hi) - max(t0, lo)
+        if overlap > 0 and t1 > t0:
+            inside += tokens * overlap / (t1 - t0)
+            counted += 1
+    if hi <= lo or counted < at_least:
+        return None
+    return inside / (hi - lo)
 
 
 @dataclass
@@ -86,7 +112,7 @@ class WorkerRun:
     disturbed: bool = False
     #: Mean batches between claim and commit over the window (K at best; lower in the drain).
     batches_in_flight: float = 0.0
-    #: Tokens per second over the middle of the window (``steady_tok_s``), from the worker's windows.
+    #: Tokens per second over the middle of the window (``steady_window_tok_s``), from the worker's windows.
     steady_tok_s: float | None = None
     worker_pids: set[int] = field(default_factory=set)
     #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
@@ -364,8 +390,8 @@ class SystemUnderTest:
             f.seek(log_offset)
             logged = f.read().decode(errors="replace").splitlines()
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
-        windows = [(w.at, w.tokens) for w in logged_windows(logged) if w.at]
-        steady = steady_tok_s(windows, first, last, at_least=5)
+        windows = [(w.at - w.seconds, w.at, w.tokens) for w in logged_windows(logged) if w.at and w.seconds]
+        steady = steady_window_tok_s(windows, first, last)
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
                          batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady)

@@ -11,11 +11,11 @@ conversation on the loop). This tells them apart, every ``REPORT_S`` seconds:
     engine occupancy (60 s): 15,620 output tok/s, 1,530 requests on average, max_num_seqs 1,024;
     below it 0.2% of the time with conversations waiting at the gate, 0.0% with none; loop lag mean
     0.4 ms, max 12 ms [samples 600 short_waiting 1 short_idle 0 requests 1530.2 lag_ms 0.4
-    lag_max_ms 12.0 tokens 937200 at 1764604214.7]
+    lag_max_ms 12.0 tokens 937200 at 1764604214.7 over 60.00]
 
 The bracket is for scripts (bench/throughput.py and bench/gpu/throughput.py add the
 windows of a run up, and read the output tokens of the generations that ended in each
-window, ``at`` its end, for a run's steady-state rate). "Requests" are what the engine
+window, ``at`` its end, ``over`` its length in seconds, for a run's steady-state rate). "Requests" are what the engine
 holds, running or queued in it; below max_num_seqs it cannot be running a full batch. The
 lag is how late the sampler's own sleep wakes: the time every other callback on the loop
 (vLLM's output handler, rendering, parsing, admission) keeps it busy. A sample costs one ``len()``; ten a second.
@@ -57,6 +57,8 @@ class Window:
     tokens: int = 0
     #: When the window ended (epoch seconds; 0 for a sum of windows).
     at: float = 0.0
+    #: How long it was (seconds; summed for a sum of windows).
+    seconds: float = 0.0
 
     def add(self, *, requests: int, waiting: int, max_num_seqs: int, lag_s: float) -> None:
         self.samples += 1
@@ -73,7 +75,7 @@ class Window:
         return Window(self.samples + other.samples, self.short_waiting + other.short_waiting,
                       self.short_idle + other.short_idle, self.requests_sum + other.requests_sum,
                       self.lag_sum_s + other.lag_sum_s, max(self.lag_max_s, other.lag_max_s),
-                      self.tokens + other.tokens)
+                      self.tokens + other.tokens, 0.0, self.seconds + other.seconds)
 
     @property
     def busy(self) -> bool:
@@ -99,11 +101,12 @@ class Window:
                 f"{self.lag_mean_s * 1e3:.1f} ms, max {self.lag_max_s * 1e3:.0f} ms "
                 f"[samples {self.samples} short_waiting {self.short_waiting} short_idle {self.short_idle} "
                 f"requests {self.requests_mean:.1f} lag_ms {self.lag_mean_s * 1e3:.2f} "
-                f"lag_max_ms {self.lag_max_s * 1e3:.1f} tokens {self.tokens} at {self.at:.1f}]")
+                f"lag_max_ms {self.lag_max_s * 1e3:.1f} tokens {self.tokens} at {self.at:.1f} "
+                f"over {self.seconds:.2f}]")
 
 
 _BRACKET = re.compile(r"\[samples (\d+) short_waiting (\d+) short_idle (\d+) requests ([\d.]+) "
-                      r"lag_ms ([\d.]+) lag_max_ms ([\d.]+)(?: tokens (\d+) at ([\d.]+))?\]")
+                      r"lag_ms ([\d.]+) lag_max_ms ([\d.]+)(?: tokens (\d+) at ([\d.]+)(?: over ([\d.]+))?)?\]")
 
 
 def logged_windows(lines: Iterable[str]) -> list[Window]:
@@ -114,7 +117,7 @@ def logged_windows(lines: Iterable[str]) -> list[Window]:
         if m:
             n, sw, si = int(m[1]), int(m[2]), int(m[3])
             windows.append(Window(n, sw, si, round(float(m[4]) * n), float(m[5]) / 1e3 * n, float(m[6]) / 1e3,
-                                  int(m[7] or 0), float(m[8] or 0.0)))
+                                  int(m[7] or 0), float(m[8] or 0.0), float(m[9] or 0.0)))
     return windows
 
 
@@ -167,7 +170,7 @@ class OccupancySampler:
 
     def report(self, seconds: float) -> None:
         cpu = self._cpu.take()
-        self.window.at = time.time()
+        self.window.at, self.window.seconds = time.time(), seconds
         if self.window.busy:
             log.info("%s", self.window.line(seconds, self.max_num_seqs))
             log.info("%s", thread_cpu.line(seconds, cpu))
