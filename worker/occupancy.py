@@ -15,8 +15,9 @@ conversation on the loop). This tells them apart, every ``REPORT_S`` seconds:
 
 The bracket is for scripts (bench/throughput.py and bench/gpu/throughput.py add the
 windows of a run up, and read the output tokens of the generations that ended in each
-window, ``at`` its end, ``over`` its length in seconds, for a run's steady-state rate). "Requests" are what the engine
-holds, running or queued in it; below max_num_seqs it cannot be running a full batch. The
+window, ``at`` its end, ``over`` its length in seconds, for a run's steady-state rate).
+"Requests" are what the engine holds, running or queued in it; below max_num_seqs it
+cannot be running a full batch. The
 lag is how late the sampler's own sleep wakes: the time every other callback on the loop
 (vLLM's output handler, rendering, parsing, admission) keeps it busy. A sample costs one ``len()``; ten a second.
 Each window's line is followed by the process's CPU by thread over it (worker/thread_cpu.py).
@@ -102,7 +103,7 @@ class Window:
                 f"[samples {self.samples} short_waiting {self.short_waiting} short_idle {self.short_idle} "
                 f"requests {self.requests_mean:.1f} lag_ms {self.lag_mean_s * 1e3:.2f} "
                 f"lag_max_ms {self.lag_max_s * 1e3:.1f} tokens {self.tokens} at {self.at:.1f} "
-                f"over {self.seconds:.2f}]")
+                f"over {seconds:.2f}]")
 
 
 _BRACKET = re.compile(r"\[samples (\d+) short_waiting (\d+) short_idle (\d+) requests ([\d.]+) "
