@@ -59,11 +59,9 @@ def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float, *,
     drain. Over the middle of a long run the tokens of the generations ending per second
     are the rate the engine held, so the two side by side say whether the worker kept the
     engine as busy as bare vLLM, apart from the ends. ``finished``: (time, tokens) of each
-    request at its end (a), or of each worker occupancy window (b: worker/occupancy.py
-    counts the tokens of the generations that ended in it). Not batch commits: a worker
-    holds a hundred batches open, a quarter of this workload's tokens, so commits lag the
-    generation by tens of seconds: on an H200 they read the middle of a run at 14,640
-    tok/s where the whole run averaged 15,121.
+    request at its end (a). Not batch commits: a worker holds a hundred batches open, a
+    quarter of this workload's tokens, so commits lag the generation by tens of seconds: on
+    an H200 they read the middle of a run at 14,640 tok/s where the whole run averaged 15,121.
     """
     lo, hi = _middle(start, end)
     inside = [tokens for t, tokens in finished if lo <= t < hi]
@@ -78,8 +76,9 @@ def _middle(start: float, end: float) -> tuple[float, float]:
 
 def steady_window_tok_s(windows: list[tuple[float, float, int]], start: float, end: float, *,
                         at_least: int = 5) -> float | None:
-    """``steady_tok_s`` from the worker's occupancy windows: (start, end, tokens) of each.
+    """``steady_tok_s`` from the worker's occupancy windows: (start, end, tokens) of each (b).
 
+    worker/occupancy.py counts in each window the tokens of the generations that ended in it.
     A window's tokens count in the share of it that lies in the middle: counting each
     window whole by its end would be off by up to a window (5 s of a 110-s middle, 4.5%)
     depending on where the windows happen to fall. Each window carries its own length (the
@@ -87,15 +86,44 @@ def steady_window_tok_s(windows: list[tuple[float, float, int]], start: float, e
     total, and a gap where a worker was idle counts as no tokens.
     """
     lo, hi = _middle(start, end)
-    inside, counted = 0.0, 0
+    counted = sum(1 for t0, t1, _ in windows if min(t1, hi) > max(t0, lo))
+    if hi <= lo or counted < at_least:
+        return None
+    return _window_tokens(windows, lo, hi) / (hi - lo)
+
+
+def _window_tokens(windows: list[tuple[float, float, int]], lo: float, hi: float) -> float:
+    inside = 0.0
     for t0, t1, tokens in windows:
         overlap = min(t1, hi) - max(t0, lo)
         if overlap > 0 and t1 > t0:
             inside += tokens * overlap / (t1 - t0)
-            counted += 1
-    if hi <= lo or counted < at_least:
+    return inside
+
+
+def run_profile(start: float, end: float, *, finished: list[tuple[float, int]] | None = None,
+                windows: list[tuple[float, float, int]] | None = None) -> tuple[float, float, float] | None:
+    """Output tok/s ending in the run's first part, its middle and its last part (``STEADY``'s cuts).
+
+    Says where a run loses its time: bare ``LLM.generate`` hands its engine every request
+    before the first step, the worker admits them as others end, so the two spend the same
+    admission work at different times (docs/performance.md). From ``finished`` (a) or
+    ``windows`` (b). Ends are lumpy: long answers end late, so the last part reads high
+    and the first low in both alike; compare a part with the same part of the other run.
+    """
+    if end <= start:
         return None
-    return inside / (hi - lo)
+    lo, hi = _middle(start, end)
+    parts = ((start, lo), (lo, hi), (hi, end))
+    if finished is not None:
+        # The last request ends at the run's end: the last part includes it.
+        tokens = [sum(n for t, n in finished if a <= t < b or (b == end and t >= end)) for a, b in parts]
+    elif windows is not None:
+        tokens = [_window_tokens(windows, a, b) for a, b in parts]
+    else:
+        raise ValueError("run_profile needs finished or windows")
+    head, middle, tail = (n / (b - a) for n, (a, b) in zip(tokens, parts, strict=True))
+    return head, middle, tail
 
 
 @dataclass
@@ -114,6 +142,8 @@ class WorkerRun:
     batches_in_flight: float = 0.0
     #: Tokens per second over the middle of the window (``steady_window_tok_s``), from the worker's windows.
     steady_tok_s: float | None = None
+    #: Tokens per second over its first part, middle and last part (``run_profile``).
+    profile: tuple[float, float, float] | None = None
     worker_pids: set[int] = field(default_factory=set)
     #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
     occupancy: Window = field(default_factory=Window)
@@ -392,9 +422,11 @@ class SystemUnderTest:
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
         windows = [(w.at - w.seconds, w.at, w.tokens) for w in logged_windows(logged) if w.at and w.seconds]
         steady = steady_window_tok_s(windows, first, last)
+        profile = run_profile(first, last, windows=windows) if windows else None
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
-                         batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady)
+                         batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady,
+                         profile=profile)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -40,7 +40,7 @@ import psutil
 
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
-from bench.system_run import SystemUnderTest, WorkerRun, steady_tok_s
+from bench.system_run import SystemUnderTest, WorkerRun, run_profile, steady_tok_s
 
 #: Engine settings of both (a) and the worker, on top of worker/engine.py's engine_defaults
 #: (on the CPU: 256 sequences, 8,192 batched tokens, no chunked prefill).
@@ -65,6 +65,8 @@ class Measurement:
     frontend_cpu_s: float = 0.0
     #: Tokens per second over the middle of the run (bench/system_run.py ``steady_tok_s``).
     steady_tok_s: float | None = None
+    #: ... over its first part, middle and last part (bench/system_run.py ``run_profile``).
+    profile: tuple[float, float, float] | None = None
 
     @property
     def tok_s(self) -> float:
@@ -161,7 +163,8 @@ class BareEngine:
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
         return Measurement(label, "bare LLM.generate, all prompts at once", tokens, seconds, len(outputs),
-                           stopped, load, steady_tok_s=steady_tok_s(finished, wall0, wall0 + seconds))
+                           stopped, load, steady_tok_s=steady_tok_s(finished, wall0, wall0 + seconds),
+                           profile=run_profile(wall0, wall0 + seconds, finished=finished))
 
     def shutdown(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
@@ -194,7 +197,7 @@ def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
     if result.disturbed:
         what += " (DISTURBED: Postgres was restarted during the run)"
     return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,
-                       result.load, steady_tok_s=result.steady_tok_s)
+                       result.load, steady_tok_s=result.steady_tok_s, profile=result.profile)
 
 
 def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
@@ -202,14 +205,16 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
     median = statistics.median(m.tok_s for m in bare)
     lines = [
         "",
-        "| run | what | requests | output tokens | seconds | tokens/s | steady tok/s (20-80%) | / bare median "
-        "| CPU-s engine / frontend | load avg (1 min) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | what | requests | output tokens | seconds | tokens/s | steady tok/s (20-80%) "
+        "| ending per s in 0-20 / 20-80 / 80-100% | / bare median | CPU-s engine / frontend | load avg (1 min) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in measurements:
         steady = f"{m.steady_tok_s:,.0f}" if m.steady_tok_s else "-"
+        parts = " / ".join(f"{x:,.0f}" for x in m.profile) if m.profile else "-"
         lines.append(f"| {m.label} | {m.what} | {m.requests:,} | {m.tokens:,} | {m.seconds:.1f} | {m.tok_s:,.0f} "
-                     f"| {steady} | {m.tok_s / median:.2f} | {m.engine_cpu_s:.0f} / {m.frontend_cpu_s:.0f} | {m.load:.1f} |")
+                     f"| {steady} | {parts} | {m.tok_s / median:.2f} | {m.engine_cpu_s:.0f} / {m.frontend_cpu_s:.0f} "
+                     f"| {m.load:.1f} |")
     low, high = min(m.tok_s for m in bare), max(m.tok_s for m in bare)
     lines += ["", f"(a) bare: median {median:,.0f} tok/s over {len(bare)} runs, spread {low:,.0f}-{high:,.0f} "
                   f"({(high - low) / median * 100:.0f}% of the median)"]

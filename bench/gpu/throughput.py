@@ -165,10 +165,14 @@ def exactly_once(system: SystemUnderTest, run_name: str, expected: int) -> dict:
             "first_retry_started": retried[1].timestamp() if retried[1] else None}
 
 
-def steady_note(tok_s: float | None) -> str:
-    """The middle of the run's rate (bench/system_run.py steady_tok_s): the ends left out."""
+def steady_note(tok_s: float | None, profile: tuple[float, float, float] | None = None) -> str:
+    """The middle of the run's rate (bench/system_run.py steady_tok_s): the ends left out; then its parts."""
     lo, hi = (int(x * 100) for x in STEADY)
-    return f"steady state ({lo}-{hi}% of the run) {tok_s:,.0f} tok/s" if tok_s else "steady state: too few ends"
+    note = f"steady state ({lo}-{hi}% of the run) {tok_s:,.0f} tok/s" if tok_s else "steady state: too few ends"
+    if profile:
+        note += (f"; ending per second in its first {lo}% / middle / last {100 - hi}%: "
+                 + " / ".join(f"{x:,.0f}" for x in profile))
+    return note
 
 
 def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float | None, extra: str = "") -> str:
@@ -221,7 +225,7 @@ def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[st
     cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
     bare.shutdown()
     notes = (f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
-             f"{steady_note(m.steady_tok_s)}")
+             f"{steady_note(m.steady_tok_s, m.profile)}")
     print(f"    (a) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
     return "a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, notes
 
@@ -251,7 +255,7 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
             result: WorkerRun = system.run(label)
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
-        notes = (f"{steady_note(result.steady_tok_s)}; "
+        notes = (f"{steady_note(result.steady_tok_s, result.profile)}; "
                  f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
                  f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
                  f"{result.occupancy_note()}; {result.thread_cpu_note()}")

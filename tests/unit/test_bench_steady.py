@@ -1,6 +1,6 @@
 """bench/system_run.py's steady-state rate: the middle of a run, its start-up and drain left out."""
 
-from bench.system_run import STEADY, steady_tok_s, steady_window_tok_s
+from bench.system_run import STEADY, run_profile, steady_tok_s, steady_window_tok_s
 
 
 def test_the_middle_of_a_run_is_read_without_its_slow_ends():
@@ -35,3 +35,15 @@ def test_windows_of_two_worker_processes_add_up_and_a_gap_counts_as_nothing():
     gap = [w for w in one if not 40 <= w[0] < 60]                             # idle 20 s of the 60-s middle
     assert abs(steady_window_tok_s(gap, 0.0, 100.0) - 1000.0 * 40 / 60) < 1e-9
     assert steady_window_tok_s(one[:3], 0.0, 100.0) is None                  # nothing in the middle
+
+
+def test_a_runs_profile_shows_where_it_lost_time():
+    # The first run's slow first and last 10 s show in its first and last parts, not in its middle.
+    finished = [(t + 0.5, 100 if t < 10 or t >= 90 else 1000) for t in range(100)] + [(100.0, 1000)]
+    head, middle, tail = run_profile(0.0, 100.0, finished=finished)
+    assert (head, middle) == ((10 * 100 + 10 * 1000) / 20, 1000.0)
+    assert tail == (10 * 1000 + 10 * 100 + 1000) / 20      # the request ending at the run's end counts
+    # From windows: 1,000 tok/s throughout reads the same in every part, whatever the cuts.
+    windows = [(t0, t0 + 5.0, 5000) for t0 in range(0, 90, 5)]
+    assert all(abs(x - 1000.0) < 1e-9 for x in run_profile(0.0, 90.0, windows=windows))
+    assert run_profile(5.0, 5.0, windows=windows) is None
