@@ -211,7 +211,7 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
     ]
     for m in measurements:
         steady = f"{m.steady_tok_s:,.0f}" if m.steady_tok_s else "-"
-        parts = " / ".join(f"{x:,.0f}" for x in m.profile) if m.profile else "-"
+        parts = " / ".join(f"{x:,.0f}" for x in m.profile) if m.profile and m.steady_tok_s else "-"
         lines.append(f"| {m.label} | {m.what} | {m.requests:,} | {m.tokens:,} | {m.seconds:.1f} | {m.tok_s:,.0f} "
                      f"| {steady} | {parts} | {m.tok_s / median:.2f} | {m.engine_cpu_s:.0f} / {m.frontend_cpu_s:.0f} "
                      f"| {m.load:.1f} |")
