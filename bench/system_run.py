@@ -106,8 +106,9 @@ def run_profile(start: float, end: float, *, finished: list[tuple[float, int]] |
     """Output tok/s ending in the run's first part, its middle and its last part (``STEADY``'s cuts).
 
     Says where a run loses its time: bare ``LLM.generate`` hands its engine every request
-    before the first step, the worker admits them as others end, so the two spend the same
-    admission work at different times (docs/performance.md). From ``finished`` (a) or
+    before the first step, the worker admits them as others end, so the two may spend the
+    same admission work at different times (the account docs/performance.md gives of an
+    H200 run, which these parts can check). From ``finished`` (a) or
     ``windows`` (b). Ends are lumpy: long answers end late, so the last part reads high
     and the first low in both alike; compare a part with the same part of the other run.
     """
