@@ -64,10 +64,14 @@ def steady_tok_s(finished: list[tuple[float, int]], start: float, end: float, *,
     an H200 they read the middle of a run at 14,640 tok/s where the whole run averaged 15,121.
     """
     lo, hi = _middle(start, end)
-    inside = [tokens for t, tokens in finished if lo <= t < hi]
-    if hi <= lo or len(inside) < at_least:
+    if hi <= lo or sum(1 for t, _ in finished if lo <= t < hi) < at_least:
         return None
-    return sum(inside) / (hi - lo)
+    return _ended_tokens(finished, lo, hi) / (hi - lo)
+
+
+def _ended_tokens(finished: list[tuple[float, int]], lo: float, hi: float, *, through: bool = False) -> int:
+    """Tokens of the requests ending in ``[lo, hi)`` (``through``: and at or after ``hi``)."""
+    return sum(n for t, n in finished if lo <= t and (t < hi or through))
 
 
 def _middle(start: float, end: float) -> tuple[float, float]:
@@ -118,7 +122,7 @@ def run_profile(start: float, end: float, *, finished: list[tuple[float, int]] |
     parts = ((start, lo), (lo, hi), (hi, end))
     if finished is not None:
         # The last request ends at the run's end: the last part includes it.
-        tokens = [sum(n for t, n in finished if a <= t < b or (b == end and t >= end)) for a, b in parts]
+        tokens = [_ended_tokens(finished, a, b, through=b == end) for a, b in parts]
     elif windows is not None:
         tokens = [_window_tokens(windows, a, b) for a, b in parts]
     else:
@@ -423,7 +427,8 @@ class SystemUnderTest:
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
         windows = [(w.at - w.seconds, w.at, w.tokens) for w in logged_windows(logged) if w.at and w.seconds]
         steady = steady_window_tok_s(windows, first, last)
-        profile = run_profile(first, last, windows=windows) if windows else None
+        # Too few windows for a steady state are too few for the parts too.
+        profile = run_profile(first, last, windows=windows) if steady is not None else None
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
                          batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady,

@@ -162,9 +162,11 @@ class BareEngine:
         seconds = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
+        steady = steady_tok_s(finished, wall0, wall0 + seconds)
+        # Too few ends for a steady state are too few for the parts too.
+        profile = run_profile(wall0, wall0 + seconds, finished=finished) if steady is not None else None
         return Measurement(label, "bare LLM.generate, all prompts at once", tokens, seconds, len(outputs),
-                           stopped, load, steady_tok_s=steady_tok_s(finished, wall0, wall0 + seconds),
-                           profile=run_profile(wall0, wall0 + seconds, finished=finished))
+                           stopped, load, steady_tok_s=steady, profile=profile)
 
     def shutdown(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
@@ -211,7 +213,7 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
     ]
     for m in measurements:
         steady = f"{m.steady_tok_s:,.0f}" if m.steady_tok_s else "-"
-        parts = " / ".join(f"{x:,.0f}" for x in m.profile) if m.profile and m.steady_tok_s else "-"
+        parts = " / ".join(f"{x:,.0f}" for x in m.profile) if m.profile else "-"
         lines.append(f"| {m.label} | {m.what} | {m.requests:,} | {m.tokens:,} | {m.seconds:.1f} | {m.tok_s:,.0f} "
                      f"| {steady} | {parts} | {m.tok_s / median:.2f} | {m.engine_cpu_s:.0f} / {m.frontend_cpu_s:.0f} "
                      f"| {m.load:.1f} |")

@@ -17,10 +17,10 @@ The bracket is for scripts (bench/throughput.py and bench/gpu/throughput.py add 
 windows of a run up, and read the output tokens of the generations that ended in each
 window, ``at`` its end, ``over`` its length in seconds, for a run's steady-state rate).
 "Requests" are what the engine holds, running or queued in it; below max_num_seqs it
-cannot be running a full batch. The
-lag is how late the sampler's own sleep wakes: the time every other callback on the loop
-(vLLM's output handler, rendering, parsing, admission) keeps it busy. A sample costs one ``len()``; ten a second.
-Each window's line is followed by the process's CPU by thread over it (worker/thread_cpu.py).
+cannot be running a full batch. The lag is how late the sampler's own sleep wakes: the
+time every other callback on the loop (vLLM's output handler, rendering, parsing,
+admission) keeps it busy. A sample costs one ``len()``; ten a second. Each window's
+line is followed by the process's CPU by thread over it (worker/thread_cpu.py).
 """
 
 from __future__ import annotations

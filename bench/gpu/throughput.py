@@ -169,7 +169,7 @@ def steady_note(tok_s: float | None, profile: tuple[float, float, float] | None 
     """The middle of the run's rate (bench/system_run.py steady_tok_s): the ends left out; then its parts."""
     lo, hi = (int(x * 100) for x in STEADY)
     note = f"steady state ({lo}-{hi}% of the run) {tok_s:,.0f} tok/s" if tok_s else "steady state: too few ends"
-    if tok_s and profile:  # too few ends for a steady state: too few for its parts too
+    if profile:
         note += (f"; ending per second in its first {lo}% / middle / last {100 - hi}%: "
                  + " / ".join(f"{x:,.0f}" for x in profile))
     return note
