@@ -365,16 +365,25 @@ def report(run_name: str, out_dir: str, max_shards: int, database_url: str | Non
 @click.option("--include-all", is_flag=True, help="keep every quality class")
 @click.option("--include", "include", multiple=True, help="also keep this bad quality class (repeatable)")
 @click.option("--shard-size", type=int, default=None, help="rows per output file")
-@click.option("--tokenizer", default=None, help="tokenizer folder for the tokens format's text (default: the model)")
+@click.option("--tokenizer", default=None,
+              help="folder of the model's tokenizer.json (tokens format's text) and config.json (--draft-vocab's "
+                   "target vocab size); default: the model")
+@click.option("--eval-share", type=float, default=0.0, show_default=True,
+              help="share of the samples held out in eval/ by a hash of sample id and seed (0: no split)")
+@click.option("--split-seed", type=int, default=None, help="seed of the split's hash (default: the run's seed)")
+@click.option("--draft-vocab", type=int, default=None,
+              help="write SpecForge's and speculators' d2t/t2d mappings for a draft vocabulary of N tokens")
 @db_option
-def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer, database_url) -> None:
+def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer, eval_share, split_seed, draft_vocab,
+           database_url) -> None:
     """Training-ready data: messages (Parquet) or tokens (speculators/SpecForge JSONL), with a manifest."""
     from .results.export import export_run
 
     settings = _settings(database_url)
     with ledger(settings) as sessions:
         manifest = export_run(sessions, store(settings), list(run_names), fmt, out_dir, include_all=include_all,
-                              include=tuple(include), shard_rows=shard_size, tokenizer=tokenizer)
+                              include=tuple(include), shard_rows=shard_size, tokenizer=tokenizer,
+                              eval_share=eval_share, split_seed=split_seed, draft_vocab=draft_vocab)
     click.echo(f"export: {manifest.path}")
 
 

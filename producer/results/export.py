@@ -2,9 +2,13 @@
 
 Output directory::
 
-    OUT/manifest.json                          counts, filters, what was left out and why
+    OUT/manifest.json                          counts, filters, the split, what was left out and why
     OUT/data/train-00000-of-00004.parquet      --format messages: one row per sample
     OUT/data/train-00000-of-00004.jsonl        --format tokens: one row per generation event
+    OUT/train/, OUT/eval/                      instead of data/ with --eval-share (export_split.py)
+    OUT/stats/train-00000-of-00004.token_counts.parquet, OUT/stats/token_counts.parquet
+                                               loss-mask tokens by id, training side (token_stats.py)
+    OUT/vocab/                                 --draft-vocab N: d2t/t2d for SpecForge and speculators
 
 The data files sit in ``data/`` so a consumer pointed at that directory (``speculators
 prepare-data --data OUT/data``) never mistakes the manifest for data. Rows are sorted
@@ -34,7 +38,10 @@ from ledger.objects import ObjectStore
 from ledger.quality import BAD_CLASSES, CLASSES, Quality
 from ledger.runs import RunRecord, find_run
 
+from . import draft_vocab as vocab
+from . import token_stats as stats
 from .export_rows import load_decoder, message_row, messages_schema, token_rows
+from .export_split import EVAL, RULE, TRAIN, check_eval_share, side_of
 from .outputs import committed_samples, read_shards, row_quality, sample_status_counts
 
 FORMATS = ("messages", "tokens")
@@ -55,6 +62,10 @@ class Manifest:
     def files(self) -> list[Path]:
         return [self.path.parent / shard["path"] for shard in self.data["shards"]]
 
+    def files_of(self, side: str) -> list[Path]:
+        """The data files of one side of the split (``train`` or ``eval``)."""
+        return [self.path.parent / shard["path"] for shard in self.data["shards"] if shard["split"] == side]
+
 
 @dataclass
 class _Tally:
@@ -67,6 +78,7 @@ class _Tally:
 
 @dataclass(frozen=True)
 class _Wanted:
+    side: str
     shard: int
     run: int
     #: The ledger's class; None for samples committed before classification existed.
@@ -75,7 +87,8 @@ class _Wanted:
 
 def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: list[str], fmt: str,
                out_dir: str | Path, include_all: bool = False, include: tuple[str, ...] | list[str] = (),
-               shard_rows: int | None = None, tokenizer: str | None = None) -> Manifest:
+               shard_rows: int | None = None, tokenizer: str | None = None, eval_share: float = 0.0,
+               split_seed: int | None = None, draft_vocab: int | None = None) -> Manifest:
     """Export the committed samples of ``run_names`` (one config hash) into ``out_dir``.
 
     Args:
@@ -85,11 +98,16 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         include: Bad classes to keep besides ``ok``.
         shard_rows: Rows per data file (default ``DEFAULT_SHARD_ROWS[fmt]``).
         tokenizer: tokenizer.json (or its directory) for ``text`` in the tokens format,
-            when the run's model path does not exist here.
+            when the run's model path does not exist here; its folder's config.json gives
+            ``draft_vocab`` the target's vocabulary size.
+        eval_share: Share of the samples held out in ``eval/`` (0: no split, files in ``data/``).
+        split_seed: Seed of the split's hash (default: the first run's sampling seed).
+        draft_vocab: Write d2t/t2d mappings for a draft vocabulary of this many tokens.
 
     Raises:
         ConfigError: unknown format or class, a non-empty ``out_dir``, runs with different
-            config hashes, no tokenizer for a tokens export.
+            config hashes, no tokenizer for a tokens export, an eval share outside [0, 1),
+            a draft vocabulary without torch, config.json, or smaller than the target's.
         ChecksumMismatch, ShardError, StoreError: a committed output shard cannot be read as recorded.
     """
     if fmt not in FORMATS:
@@ -102,6 +120,9 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         raise ConfigError("--shard-size must be at least 1")
     if not run_names or len(set(run_names)) != len(run_names):
         raise ConfigError("name each run to export once")
+    check_eval_share(eval_share)
+    if draft_vocab is not None:
+        vocab.check_can_write()
     kept = set(CLASSES) if include_all else {Quality.OK.value, *include}
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -119,9 +140,15 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     decode = source = None
     if fmt == "tokens":
         decode, source = load_decoder(runs[0].model, tokenizer)
+    target = vocab.target_vocab_size(runs[0].model, tokenizer) if draft_vocab is not None else None
+    if target is not None:
+        vocab.check_size(draft_vocab, target[0])
+    # Runs exported together share a config hash, hence their sampling and its seed.
+    seed = int(runs[0].sampling.get("seed", 0)) if split_seed is None else int(split_seed)
+    dirs = {TRAIN: TRAIN, EVAL: EVAL} if eval_share > 0 else {TRAIN: DATA_DIR}
 
     tally = _Tally()
-    plan, shas, n_shards = _plan(candidates, fmt, kept, rows_per_shard, tally.left_out)
+    plan, shas, n_shards = _plan(candidates, fmt, kept, rows_per_shard, tally.left_out, seed, eval_share)
     committed = Counter(n for _, n in candidates)
     tally.left_out["not_committed"] = sum(sum(s.values()) for s in statuses) - len(candidates)
     del candidates
@@ -132,10 +159,16 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     try:
         for url, rows in read_shards(store, sorted(shas.items())):
             _spill_rows(spill, fmt, runs, plan[url], rows, kept, decode, tally)
-        shards = _write_shards(out, spill, fmt, n_shards)
+        shards, totals = _write_shards(out, spill, fmt, n_shards, dirs)
+        total_ids, total_counts = totals.pairs()
+        token_total = stats.write_counts(out / stats.STATS_DIR / stats.TOTAL_FILE, total_ids, total_counts)
+        mapping = None if target is None else vocab.write_mappings(out, total_ids, total_counts, draft_vocab,
+                                                                   *target)
     except BaseException:
         # Leave OUT empty, so the same command can simply be run again.
-        shutil.rmtree(out / DATA_DIR, ignore_errors=True)
+        for child in out.iterdir():
+            if child != spill:
+                shutil.rmtree(child, ignore_errors=True)
         raise
     finally:
         shutil.rmtree(spill, ignore_errors=True)
@@ -152,6 +185,17 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
                     "excluded_classes": [c for c in BAD_CLASSES if c not in kept]},
         "counts": {"samples": sum(exported.values()), "rows": sum(s["rows"] for s in shards),
                    "shards": len(shards), "samples_by_class": {c: exported[c] for c in CLASSES if exported[c]}},
+        "split": None if eval_share <= 0 else {
+            "eval_share": eval_share, "seed": seed, "seed_from": "run sampling" if split_seed is None else "--split-seed",
+            "rule": RULE, **{side: {"samples": sum(s["samples"] for s in shards if s["split"] == side),
+                                    "rows": sum(s["rows"] for s in shards if s["split"] == side),
+                                    "shards": sum(s["split"] == side for s in shards), "dir": dirs[side]}
+                             for side in (TRAIN, EVAL)}},
+        "token_stats": {"counted": "completion tokens under the loss mask (completed generations), by token id, "
+                                   "training side only",
+                        "format": "Parquet, columns token_id (int64) and count (int64), sorted by token_id",
+                        "total": token_total},
+        "draft_vocab": mapping,
         "left_out": _left_out(tally.left_out, fmt),
         "shards": shards,
         "tokenizer": source,
@@ -162,21 +206,23 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     return Manifest(path, manifest)
 
 
-def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_out: Counter
-          ) -> tuple[dict[str, dict[str, _Wanted]], dict[str, str | None], int]:
+def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_out: Counter, seed: int,
+          eval_share: float) -> tuple[dict[str, dict[str, _Wanted]], dict[str, str | None], dict[str, int]]:
     """Which committed samples go into which export shard.
 
     Returns:
         ``{output_key: {sample_id: _Wanted}}``, each output shard's recorded sha256, and
-        the number of export shards.
+        the number of export shards per side of the split.
 
     Samples are taken in sample-id order (then run order: a sample id in two runs is
-    exported from the first named); a shard closes before the sample that would take it
-    past ``rows_per_shard`` (a tokens shard counts the sample's turns, an upper bound).
+    exported from the first named); each side's shard closes before the sample that would
+    take it past ``rows_per_shard`` (a tokens shard counts the sample's turns, an upper bound).
     """
     plan: dict[str, dict[str, _Wanted]] = defaultdict(dict)
     shas: dict[str, str | None] = {}
-    shard, rows_in_shard, previous = 0, 0, None
+    filling = {TRAIN: [0, 0], EVAL: [0, 0]}  # side: [shard, rows in it]
+    used: set[str] = set()
+    previous = None
     for row, run in sorted(candidates, key=lambda c: (c[0].sample_id, c[1])):
         if row.sample_id == previous:
             left_out["duplicate_sample_id"] += 1
@@ -188,19 +234,23 @@ def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_
         if row.quality is not None and row.quality not in kept:
             left_out[row.quality] += 1
             continue
+        side = side_of(row.sample_id, seed, eval_share)
+        at = filling[side]
         weight = max(1, row.turns or 1) if fmt == "tokens" else 1
-        if rows_in_shard and rows_in_shard + weight > rows_per_shard:
-            shard, rows_in_shard = shard + 1, 0
-        rows_in_shard += weight
-        plan[row.output_key][row.sample_id] = _Wanted(shard, run, row.quality)
+        if at[1] and at[1] + weight > rows_per_shard:
+            at[0], at[1] = at[0] + 1, 0
+        at[1] += weight
+        used.add(side)
+        plan[row.output_key][row.sample_id] = _Wanted(side, at[0], run, row.quality)
         shas[row.output_key] = row.output_sha256
-    return dict(plan), shas, (shard + 1 if plan else 0)
+    return dict(plan), shas, {side: (filling[side][0] + 1 if side in used else 0) for side in (TRAIN, EVAL)}
 
 
 def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, _Wanted], rows: list[dict],
                 kept: set[str], decode, tally: _Tally) -> None:
     """Turn the wanted rows of one output shard into export rows, appended to their shards' spill files."""
-    lines: dict[int, list[dict]] = defaultdict(list)
+    lines: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    counted: dict[int, list[int]] = defaultdict(list)
     found = 0
     for row in rows:
         want = wanted.get(row.get("sample_id"))
@@ -215,21 +265,26 @@ def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, 
             continue
         tally.exported[sample_class] += 1
         tally.per_run[want.run] += 1
+        key = (want.side, want.shard)
+        if want.side == TRAIN:
+            counted[want.shard].extend(stats.completion_ids(row))
         if fmt == "messages":
-            lines[want.shard].append(message_row(row, run=run.name, sample_class=sample_class))
+            lines[key].append(message_row(row, run=run.name, sample_class=sample_class))
             continue
         token, failed = token_rows(row, run=run.name, run_seed=int(run.sampling.get("seed", 0)),
                                    sample_class=sample_class, turn_classes=[d["quality"] for d in details])
         tally.left_out["failed_generation"] += failed
-        lines[want.shard].extend(token)
+        lines[key].extend(token)
     if found != len(wanted):
         raise ShardError(f"an output shard lacks {len(wanted) - found} of the done samples the ledger places in it")
     if fmt == "tokens":
         batch = [r for shard_rows in lines.values() for r in shard_rows]
         for r, text in zip(batch, decode([r["input_ids"] for r in batch]), strict=True):
             r["text"] = text
-    for shard, records in lines.items():
-        with open(spill / f"{shard:06d}.jsonl", "a", encoding="utf-8") as f:
+    for shard, ids in counted.items():
+        stats.append_counts(spill / f"{TRAIN}-{shard:06d}.counts", ids)
+    for (side, shard), records in lines.items():
+        with open(spill / f"{side}-{shard:06d}.jsonl", "a", encoding="utf-8") as f:
             # "<sort key>\t<row>": pass 2 sorts on the small key and copies the row's JSON as it
             # is (serialising long id lists dominates a tokens export). JSON escapes every tab.
             f.writelines(json.dumps(_sort_key(fmt, r), ensure_ascii=False) + "\t" + json.dumps(r, ensure_ascii=False)
@@ -242,31 +297,43 @@ def _sort_key(fmt: str, record: dict[str, Any]) -> list:
     return [record["primary_id"], record["metadata"]["turn"]]
 
 
-def _write_shards(out: Path, spill: Path, fmt: str, n_shards: int) -> list[dict[str, Any]]:
-    """Sort each spill file and write the data files, named once their number is known."""
-    data = out / DATA_DIR
-    data.mkdir()
-    written: list[tuple[Path, int, int]] = []
-    for shard in range(n_shards):
-        path = spill / f"{shard:06d}.jsonl"
-        if not path.exists():
-            continue  # every sample of this shard was left out while reading (unclassified rows)
-        keyed = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                key, _, record = line.partition("\t")
-                keyed.append((json.loads(key), record))
-        keyed.sort(key=lambda item: item[0])
-        target = data / f".part-{shard:06d}"
-        _write_file(target, fmt, [record for _, record in keyed])
-        written.append((target, len(keyed), len({key[0] for key, _ in keyed})))
+def _write_shards(out: Path, spill: Path, fmt: str, n_shards: dict[str, int], dirs: dict[str, str]
+                  ) -> tuple[list[dict[str, Any]], stats.Totals]:
+    """Sort each spill file and write the data files (and a training file's token counts), named once
+    their number is known."""
+    totals = stats.Totals()
     shards = []
-    for n, (target, rows, samples) in enumerate(written):
-        final = data / f"train-{n:05d}-of-{len(written):05d}.{_SUFFIX[fmt]}"
-        target.rename(final)
-        shards.append({"path": f"{DATA_DIR}/{final.name}", "rows": rows, "samples": samples,
-                       "sha256": hashlib.sha256(final.read_bytes()).hexdigest()})
-    return shards
+    for side in (TRAIN, EVAL):
+        if side not in dirs:
+            continue
+        data = out / dirs[side]
+        data.mkdir()
+        written: list[tuple[Path, int, int, tuple | None]] = []
+        for shard in range(n_shards[side]):
+            path = spill / f"{side}-{shard:06d}.jsonl"
+            if not path.exists():
+                continue  # every sample of this shard was left out while reading (unclassified rows)
+            keyed = []
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    key, _, record = line.partition("\t")
+                    keyed.append((json.loads(key), record))
+            keyed.sort(key=lambda item: item[0])
+            target = data / f".part-{shard:06d}"
+            _write_file(target, fmt, [record for _, record in keyed])
+            counts = stats.reduce_counts(spill / f"{side}-{shard:06d}.counts") if side == TRAIN else None
+            written.append((target, len(keyed), len({key[0] for key, _ in keyed}), counts))
+        for n, (target, rows, samples, counts) in enumerate(written):
+            final = data / f"{side}-{n:05d}-of-{len(written):05d}.{_SUFFIX[fmt]}"
+            target.rename(final)
+            entry = {"path": f"{dirs[side]}/{final.name}", "split": side, "rows": rows, "samples": samples,
+                     "sha256": hashlib.sha256(final.read_bytes()).hexdigest()}
+            if counts is not None:
+                totals.add(*counts)
+                entry["token_counts"] = stats.write_counts(
+                    out / stats.STATS_DIR / (final.name.split(".")[0] + stats.SUFFIX), *counts)
+            shards.append(entry)
+    return shards, totals
 
 
 def _write_file(path: Path, fmt: str, lines: list[str]) -> None:

@@ -4,9 +4,11 @@ pre-tokenized prompt loader for the tokens JSONL."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -229,6 +231,155 @@ def test_bad_requests_are_refused_before_anything_is_written(sessions, store, ru
     with pytest.raises(ConfigError, match="tokenizer"):
         export_run(sessions, store, ["exp"], "tokens", tmp_path / "d", tokenizer=str(tmp_path / "missing"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()
+
+
+def expected_side(sample_id: str, seed: int, share: float) -> str:
+    """The split rule of docs/quality.md, written out again: sha256 of "split<US>seed<US>id", 8 bytes."""
+    digest = hashlib.sha256("\x1f".join(["split", str(seed), sample_id]).encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < share else "train"
+
+
+def recount(files: list[Path]) -> Counter:
+    """Token ids under the loss mask, recounted from exported tokens rows."""
+    counts: Counter = Counter()
+    for f in files:
+        for r in jsonl(f):
+            counts.update(t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m == 1)
+    return counts
+
+
+def parquet_counts(path: Path) -> Counter:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path).to_pydict()
+    assert table["token_id"] == sorted(table["token_id"])
+    return Counter(dict(zip(table["token_id"], table["count"], strict=True)))
+
+
+@pytest.fixture
+def qwen_sized_tokenizer(tiny_model, tmp_path) -> Path:
+    """The tiny tokenizer beside a config.json whose embedding has Qwen3's 151,936 rows (> 32,000)."""
+    folder = tmp_path / "target"
+    folder.mkdir()
+    shutil.copy(tiny_model / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 151_936}, "vocab_size": 1}))
+    return folder
+
+
+def test_eval_split_is_fixed_by_sample_id_and_the_draft_vocab_loads_in_both_peers(
+        sessions, store, run, tmp_path, qwen_sized_tokenizer):
+    done = [c.sample_id for c in DONE]
+    # A seed whose 5% holds out an ok sample and a stub (left out by default): --include then changes
+    # what is exported on both sides, and the split must not move.
+    seed = next(s for s in range(10_000) if {"s01", "s06"} <= {i for i in done if expected_side(i, s, 0.05) == "eval"}
+                or {"s02", "s07"} <= {i for i in done if expected_side(i, s, 0.05) == "eval"})
+    options = {"eval_share": 0.05, "split_seed": seed, "draft_vocab": 32_000, "tokenizer": str(qwen_sized_tokenizer),
+               "shard_rows": 4}
+    first = export_run(sessions, store, ["exp"], "tokens", tmp_path / "a", **options)
+    again = export_run(sessions, store, ["exp"], "tokens", tmp_path / "b", **options)
+    stubs = export_run(sessions, store, ["exp"], "tokens", tmp_path / "c", include=["stub_answer"], **options)
+
+    def ids(manifest, side):
+        return [r["primary_id"] for f in manifest.files_of(side) for r in jsonl(f)]
+
+    train, held = set(ids(first, "train")), set(ids(first, "eval"))
+    assert held and not train & held  # every generation of a conversation on one side
+    assert {i: expected_side(i, seed, 0.05) for i in train | held} == {
+        **{i: "train" for i in train}, **{i: "eval" for i in held}}
+    assert (ids(again, "train"), ids(again, "eval")) == (ids(first, "train"), ids(first, "eval"))
+    assert set(ids(stubs, "eval")) - held and set(ids(stubs, "eval")) & (train | held) == held
+    assert set(ids(stubs, "train")) & (train | held) == train
+    split = first.data["split"]
+    assert (split["seed"], split["eval_share"], "sha256" in split["rule"]) == (seed, 0.05, True)
+    assert (split["train"]["samples"], split["eval"]["samples"]) == (len(train), len(held))
+    assert split["train"]["rows"] + split["eval"]["rows"] == len(ids(first, "train")) + len(ids(first, "eval"))
+    assert all(f.parent.name == "eval" for f in first.files_of("eval")) and not (tmp_path / "a" / "data").exists()
+    for name in ("manifest.json", "stats/token_counts.parquet", "vocab/d2t-32000.npy", "vocab/vocab_mapping-32000.pt"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+    # The counts: the training side's rows recounted, per file and in total; eval rows never count.
+    counted = recount(first.files_of("train"))
+    assert parquet_counts(tmp_path / "a" / "stats" / "token_counts.parquet") == counted
+    for shard in first.data["shards"]:
+        if shard["split"] == "train":
+            per_file = parquet_counts(tmp_path / "a" / shard["token_counts"]["path"])
+            assert per_file == recount([tmp_path / "a" / shard["path"]])
+            assert shard["token_counts"]["tokens"] == per_file.total()
+        else:
+            assert "token_counts" not in shard
+    assert first.data["token_stats"]["total"]["tokens"] == counted.total()
+
+    # The mapping files, loaded by the peers' own code (specforge 0.2.0, speculators 0.9.0).
+    require("torch")
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig
+
+    sf_draft = require("specforge.modeling.draft.llama3_eagle")
+    from specforge.core.compact_teacher import validate_vocab_mapping_consistency
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+
+    require("speculators")
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.train.cli import _load_mappings
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    layer = LlamaConfig(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=2, num_hidden_layers=1, max_position_embeddings=64)
+    layer.draft_vocab_size = 32_000
+    specforge_model = sf_draft.LlamaForCausalLMEagle3(layer)
+    specforge_model.load_vocab_mapping(str(tmp_path / "a" / "vocab" / "vocab_mapping-32000.pt"))
+    validate_vocab_mapping_consistency(specforge_model.t2d, specforge_model.d2t)
+    d2t, t2d, size = _load_mappings(tmp_path / "a" / "vocab" / "d2t-32000.npy",
+                                    tmp_path / "a" / "vocab" / "t2d-32000.npy", 32_000)
+    speculators_model = Eagle3DraftModel(Eagle3SpeculatorConfig(transformer_layer_config=layer, draft_vocab_size=size))
+    speculators_model.load_vocab_mappings(t2d, d2t)
+    assert (d2t.dtype, t2d.dtype, tuple(t2d.shape)) == (torch.int64, torch.bool, (151_936,))
+    their_d2t, their_t2d = build_vocab_mappings_from_distribution(dict(counted), 32_000, 151_936)
+    assert torch.equal(speculators_model.d2t, their_d2t) and torch.equal(speculators_model.t2d, their_t2d)
+    assert torch.equal(specforge_model.d2t, their_d2t) and torch.equal(specforge_model.t2d, their_t2d)
+    assert set(np.flatnonzero(t2d.numpy())) >= set(counted)  # every trained token is drafted
+    assert first.data["draft_vocab"]["filled_with_unseen"] == 32_000 - len(counted)
+
+    # A draft vocabulary smaller than the tokens seen: the most counted, ties by the lower id, as speculators
+    # (and SpecForge, which breaks ties by the order it met the ids: here ascending). SpecForge's builder
+    # is O(V x N), too slow for N = 32,000 in a test.
+    small = export_run(sessions, store, ["exp"], "tokens", tmp_path / "small", **{**options, "draft_vocab": 20})
+    their_d2t, their_t2d = build_vocab_mappings_from_distribution(dict(counted), 20, 151_936)
+    assert np.array_equal(np.load(tmp_path / "small" / "vocab" / "d2t-20.npy"), their_d2t.numpy())
+    assert np.array_equal(np.load(tmp_path / "small" / "vocab" / "t2d-20.npy"), their_t2d.numpy())
+    sf_d2t, sf_t2d = process_token_dict_to_mappings(Counter(dict(sorted(counted.items()))), 20, 151_936)
+    mapping = torch.load(tmp_path / "small" / "vocab" / "vocab_mapping-20.pt")
+    assert torch.equal(mapping["d2t"], sf_d2t) and torch.equal(mapping["t2d"], sf_t2d)
+    assert 0 < small.data["draft_vocab"]["coverage"] < 1
+
+
+def test_a_messages_export_splits_by_the_run_seed_and_counts_the_same_tokens(sessions, store, run, tmp_path):
+    import pyarrow.parquet as pq
+
+    tokens = export_run(sessions, store, ["exp"], "tokens", tmp_path / "t", include_all=True, eval_share=0.5)
+    messages = export_run(sessions, store, ["exp"], "messages", tmp_path / "m", include_all=True, eval_share=0.5)
+    assert messages.data["split"]["seed"] == fr.SAMPLING["seed"] and messages.data["split"]["seed_from"] == "run sampling"
+    held = {sid for f in messages.files_of("eval") for sid in pq.read_table(f).column("sample_id").to_pylist()}
+    assert held == {c.sample_id for c in DONE if expected_side(c.sample_id, fr.SAMPLING["seed"], 0.5) == "eval"}
+    assert held == {r["primary_id"] for f in tokens.files_of("eval") for r in jsonl(f)}
+    # A messages export counts the engine's completion ids of the same generations a tokens export writes.
+    assert parquet_counts(tmp_path / "m" / "stats" / "token_counts.parquet") == recount(tokens.files_of("train"))
+
+
+def test_bad_split_and_draft_vocab_requests_are_refused_before_anything_is_written(sessions, store, run, tmp_path,
+                                                                                   qwen_sized_tokenizer, tiny_model):
+    with pytest.raises(ConfigError, match="--eval-share"):
+        export_run(sessions, store, ["exp"], "messages", tmp_path / "a", eval_share=1.0)
+    with pytest.raises(ConfigError, match="fewer than the target's 151936"):
+        export_run(sessions, store, ["exp"], "messages", tmp_path / "b", draft_vocab=151_936,
+                   tokenizer=str(qwen_sized_tokenizer))
+    (qwen_sized_tokenizer / "config.json").unlink()
+    with pytest.raises(ConfigError, match="config.json"):
+        export_run(sessions, store, ["exp"], "tokens", tmp_path / "c", draft_vocab=100,
+                   tokenizer=str(qwen_sized_tokenizer))
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 @pytest.mark.engine
