@@ -122,6 +122,9 @@ class PySpy:
         self.notes: list[str] = []
         self.binary = shutil.which("py-spy")
         self._thread = threading.Thread(target=self._run, daemon=True)
+        #: Set by ``join`` when the phase ended first: a profile not yet started is not started.
+        self._cancel = threading.Event()
+        self._profiling = threading.Event()
 
     def start(self) -> PySpy:
         if self.binary is None:
@@ -131,7 +134,9 @@ class PySpy:
         return self
 
     def _run(self) -> None:
-        time.sleep(self.at)
+        if self._cancel.wait(self.at):
+            return
+        self._profiling.set()
         procs = []
         for name, pid in self._pids().items():
             base = self.out / f"pyspy-{self.label}-{name}"
@@ -148,9 +153,11 @@ class PySpy:
             self.notes.append(f"py-spy {base.name}: rc {proc.returncode}")
 
     def join(self) -> str:
-        if self._thread.is_alive():
-            self._thread.join(timeout=1)
-        return "; ".join(self.notes) or "py-spy: the phase ended before its start"
+        """After the phase: a profile under way is waited for (it ends after its seconds), one not begun is not."""
+        self._cancel.set()
+        if self._profiling.is_set():
+            self._thread.join(timeout=self.seconds + 180)
+        return "; ".join(self.notes) or "py-spy: the phase ended before its start (--py-spy-at)"
 
 
 def _engine_cores(root: psutil.Process) -> list[psutil.Process]:
