@@ -137,8 +137,17 @@ class PySpy:
         if self._cancel.wait(self.at):
             return
         self._profiling.set()
+        try:
+            self._profile()
+        except Exception as e:  # noqa: BLE001 - a failed profile is reported in the phase's notes, not raised
+            self.notes.append(f"py-spy failed: {type(e).__name__}: {e}")
+
+    def _profile(self) -> None:
         procs = []
-        for name, pid in self._pids().items():
+        pids = self._pids()
+        if not pids:
+            self.notes.append("py-spy: no process of the phase found to profile")
+        for name, pid in pids.items():
             base = self.out / f"pyspy-{self.label}-{name}"
             with open(f"{base}-dump.txt", "w") as dump:
                 subprocess.run([self.binary, "dump", "--pid", str(pid)], stdout=dump,
@@ -170,11 +179,32 @@ def _engine_cores(root: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+def _frontends(system: SystemUnderTest) -> list[psutil.Process]:
+    """The worker processes of a system phase: the launcher's children that are not vLLM's own."""
+    try:
+        children = psutil.Process(system.worker.proc.pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    return _worker_children(system) or [p for p in children if p not in _engine_cores_of(children)]
+
+
+def _engine_cores_of(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.name().startswith("VLLM") or "VLLM::" in " ".join(p.cmdline()[:1]):
+                out.append(p)
+    return out
+
+
 def _worker_children(system: SystemUnderTest) -> list[psutil.Process]:
     """The ``python -m worker.process`` children of the launcher (one per GPU group)."""
     try:
         root = psutil.Process(system.worker.proc.pid)
-        return [p for p in root.children(recursive=True) if "worker.process" in " ".join(p.cmdline())]
+        # Celery retitles the process once it starts ("[celeryd: gpu0@node:MainProcess] ..."), dropping
+        # "worker.process" from what ps and psutil read as its command line.
+        return [p for p in root.children(recursive=True)
+                if any(mark in " ".join(p.cmdline()) for mark in ("worker.process", "[celeryd:"))]
     except psutil.NoSuchProcess:
         return []
 
@@ -338,9 +368,9 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
         if label == "b2":
             _killer(system, label, max(1, batches // 3), kill_log)
         spy = _spy(args, label, lambda: {
-            **{f"worker{i}": p.pid for i, p in enumerate(_worker_children(system))},
+            **{f"worker{i}": p.pid for i, p in enumerate(_frontends(system))},
             **{f"enginecore{i}": p.pid for i, p in enumerate(
-                c for w in _worker_children(system) for c in _engine_cores(w))}})
+                c for w in _frontends(system) for c in _engine_cores(w))}})
         with GpuSampler() as gpu:
             result: WorkerRun = system.run(label)
         DETAILS[label] = {"lengths": result.lengths, "cut": result.cut, "scheduler": result.scheduler}
