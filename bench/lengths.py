@@ -3,11 +3,13 @@
 A workload is named by its requested budgets ("lognormal, mean 1,500, cap 8,192"), but
 a model that ends its answers early generates something else: on an H200 the dummy-weight
 8B model stopped on its own at random, and a "mean 1,500" run averaged 513 tokens (issue
-21). Both benchmarks print this line for every phase, so a figure is never read against
-the workload it was not:
+21). Both benchmarks print these lines for every phase, so a figure is never read against
+the workload it was not (a CPU run with ``--ignore-eos``, docs/results/throughput-kv-limited-cpu-2026-12-01.txt):
 
-    requested: mean 1,500, median 902, p99 10,644, max 16,384
-    (a) generated: mean 513, median 212, p99 6,021, max 8,192; 35.2% cut at their budget
+    output lengths requested: mean 566, median 366, p99 2,400, max 2,400
+    (a) generated: mean 566, median 366, p99 2,400, max 2,400; 100.0% cut at their budget
+
+A phase that generated under 90% of the requested mean is flagged at the end of its line.
 
 "Cut at their budget" is a request that ended because it reached its ``max_tokens``
 (vLLM's finish reason ``length``), not by its own end of sequence.
