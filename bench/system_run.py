@@ -34,6 +34,7 @@ from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
 from worker import thread_cpu
 from worker.engine_args import format_engine_args
+from worker.engine_stats import SchedulerWindow, added_up, logged_scheduler_windows
 from worker.occupancy import Window, logged_windows, parse_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +155,11 @@ class WorkerRun:
     occupancy: Window = field(default_factory=Window)
     #: CPU seconds by thread kind of the worker process(es) over the same windows (worker/thread_cpu.py).
     thread_cpu: dict[str, float] = field(default_factory=dict)
+    #: Output tokens of each sample, and how many ended at their budget (finish reason ``length``).
+    lengths: list[int] = field(default_factory=list)
+    cut: int = 0
+    #: vLLM's scheduler over the run (REGEN_ENGINE_STATS=1, worker/engine_stats.py), else None.
+    scheduler: SchedulerWindow | None = None
 
     def thread_cpu_note(self, top: int = 6) -> str:
         if not self.thread_cpu:
@@ -370,6 +376,19 @@ def _measure(scratch: Scratch, run_name: str) -> tuple[int, float, int, int, int
             (first.timestamp(), last.timestamp()))
 
 
+def _sample_lengths(scratch: Scratch, run_name: str) -> tuple[list[int], int]:
+    """Each done sample's output tokens, and how many ended at their budget, from the ledger."""
+    engine = make_engine(scratch.settings)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT s.completion_tokens, s.finish_reason FROM samples s JOIN runs r ON r.id = s.run_id "
+                "WHERE r.name = :run AND s.status = 'done'"), {"run": run_name}).all()
+    finally:
+        engine.dispose()
+    return [int(n or 0) for n, _ in rows], sum(reason == "length" for _, reason in rows)
+
+
 def _warmup_file(jsonl: Path) -> Path:
     path = jsonl.with_name("warmup.jsonl")
     with open(jsonl) as src, open(path, "w") as out:
@@ -425,6 +444,8 @@ class SystemUnderTest:
             f.seek(log_offset)
             logged = f.read().decode(errors="replace").splitlines()
         occupancy, cpu = parse_windows(logged), thread_cpu.parse_lines(logged)
+        scheduler = logged_scheduler_windows(logged)
+        lengths, cut = _sample_lengths(self.scratch, run_name)
         windows = [(w.at - w.seconds, w.at, w.tokens) for w in logged_windows(logged) if w.at and w.seconds]
         steady = steady_window_tok_s(windows, first, last)
         # Too few windows for a steady state are too few for the parts too.
@@ -432,7 +453,8 @@ class SystemUnderTest:
         return WorkerRun(tokens=tokens, seconds=seconds, samples=samples, stopped_early=stopped, failed=failed,
                          batches=batches, load=load, worker_pids=self.worker.pids(), disturbed=disturbed,
                          batches_in_flight=in_flight, occupancy=occupancy, thread_cpu=cpu, steady_tok_s=steady,
-                         profile=profile)
+                         profile=profile, lengths=lengths, cut=cut,
+                         scheduler=added_up(scheduler) if scheduler else None)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -20,9 +20,11 @@ One invocation, the same prompts, the same sampling and the same engine settings
 
 Prompts and sampling are built exactly as the worker builds them (its Renderer and
 ``engine_sampling``, from the run's record), so (a) generates the very requests (b)
-does. Output lengths: random weights never stop, so every row carries its own
-``max_tokens`` drawn from a capped lognormal (bench/prompts.py) and the run's
-``ignore_eos`` is used when the worker passes it to vLLM.
+does. Output lengths: every row carries its own ``max_tokens`` drawn from a capped
+lognormal (bench/prompts.py); random weights rarely stop on their own, and with
+``--ignore-eos`` never (the run's record carries ``ignore_eos``, which the worker passes
+to vLLM, as (a) does): every request then runs to its budget. Each phase's generated
+lengths are printed beside the requested ones (bench/lengths.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.lengths import distribution_lines
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
 from bench.system_run import SystemUnderTest, WorkerRun, run_profile, steady_tok_s
@@ -67,6 +70,11 @@ class Measurement:
     steady_tok_s: float | None = None
     #: ... over its first part, middle and last part (bench/system_run.py ``run_profile``).
     profile: tuple[float, float, float] | None = None
+    #: Output tokens of each request, and how many ended at their budget (finish reason ``length``).
+    lengths: list[int] | None = None
+    cut: int = 0
+    #: vLLM's scheduler over the run (worker/engine_stats.py), where stats were on.
+    scheduler: object | None = None
 
     @property
     def tok_s(self) -> float:
@@ -93,15 +101,18 @@ def tiny_bench_model() -> str:
     return str(build_tiny_model(folder, variant="random"))
 
 
-def run_config(model: str, max_tokens: int):
-    """The run every system run uses; (a) derives its requests from the same record."""
+def run_config(model: str, max_tokens: int, *, ignore_eos: bool = False):
+    """The run every system run uses; (a) derives its requests from the same record.
+
+    ``ignore_eos``: a benchmark-only setting (no regen command sets it), in the run's
+    record, so the worker and (a) alike run every request to its budget.
+    """
     from dataclasses import replace
 
     from producer.run_config import build_run_config
-    from worker.generation import ENGINE_SAMPLING_KEYS
 
     config = build_run_config(model, max_tokens=max_tokens, seed=0, thinking="on")
-    if "ignore_eos" in ENGINE_SAMPLING_KEYS:
+    if ignore_eos:
         config = replace(config, sampling={**config.sampling, "ignore_eos": True})
     return config
 
@@ -112,7 +123,14 @@ class BareEngine:
     def __init__(self, model: str, settings: dict | None = None):
         from vllm import LLM
 
-        self.llm = LLM(model=model, **(settings if settings is not None else engine_args()))
+        from worker.engine_stats import attach_to_llm, stats_wanted
+
+        settings = dict(settings if settings is not None else engine_args())
+        if stats_wanted():
+            settings["disable_log_stats"] = False  # the scheduler's stats, as the worker then records them
+        self.llm = LLM(model=model, **settings)
+        #: vLLM's scheduler stats over each run (REGEN_ENGINE_STATS=1), else None.
+        self.stats = attach_to_llm(self.llm) if stats_wanted() else None
 
     def requests(self, rows: list[dict], run_sampling: dict) -> tuple[list[dict], list]:
         from transformers import AutoTokenizer
@@ -154,6 +172,8 @@ class BareEngine:
             return outputs
 
         engine.step = timed_step
+        if self.stats is not None:
+            self.stats.reset()
         start, wall0 = time.perf_counter(), time.time()
         try:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -162,16 +182,32 @@ class BareEngine:
         seconds = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         stopped = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
+        lengths = [len(o.outputs[0].token_ids) for o in outputs]
+        cut = sum(o.outputs[0].finish_reason == "length" for o in outputs)
         steady = steady_tok_s(finished, wall0, wall0 + seconds)
         # Too few ends for a steady state are too few for the parts too.
         profile = run_profile(wall0, wall0 + seconds, finished=finished) if steady is not None else None
         return Measurement(label, "bare LLM.generate, all prompts at once", tokens, seconds, len(outputs),
-                           stopped, load, steady_tok_s=steady, profile=profile)
+                           stopped, load, steady_tok_s=steady, profile=profile, lengths=lengths, cut=cut,
+                           scheduler=self.stats.total() if self.stats is not None else None)
 
     def shutdown(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         if engine is not None and hasattr(engine, "engine_core"):
             engine.engine_core.shutdown()
+
+
+def kv_capacity_note(llm, params: list) -> str:
+    """How many of this workload's sequences the engine's KV cache holds at once, against max_num_seqs."""
+    cache = llm.llm_engine.vllm_config.cache_config
+    blocks, block = int(cache.num_gpu_blocks or 0), int(cache.block_size)
+    seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+    mean_len = statistics.fmean(p.max_tokens for p in params) if params else 0
+    fits = blocks * block / mean_len if mean_len else 0
+    limit = "the KV cache" if fits < seqs else "max_num_seqs"
+    return (f"KV cache: {blocks:,} blocks of {block} = {blocks * block:,} tokens, ~{fits:,.0f} sequences of the "
+            f"mean budget ({mean_len:,.0f} output tokens, prompts not counted) against max_num_seqs {seqs}: "
+            f"{limit} limits the engine")
 
 
 def _split_cpu_s(pids: set[int]) -> tuple[float, float]:
@@ -199,10 +235,11 @@ def system_measurement(label: str, what: str, result: WorkerRun) -> Measurement:
     if result.disturbed:
         what += " (DISTURBED: Postgres was restarted during the run)"
     return Measurement(label, what, result.tokens, result.seconds, result.samples, result.stopped_early,
-                       result.load, steady_tok_s=result.steady_tok_s, profile=result.profile)
+                       result.load, steady_tok_s=result.steady_tok_s, profile=result.profile,
+                       lengths=result.lengths, cut=result.cut, scheduler=result.scheduler)
 
 
-def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
+def report(measurements: list[Measurement], *, idle_cpu_s: float, requested: list[int] | None = None) -> str:
     bare = [m for m in measurements if m.label.startswith("a")]
     median = statistics.median(m.tok_s for m in bare)
     lines = [
@@ -232,6 +269,16 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float) -> str:
         lines.append(f"({kind}) / (a) = {statistics.median(paired):.3f} against the neighbouring bare runs "
                      f"(each: {', '.join(f'{r:.3f}' for r in paired)}); {own / median:.3f} median against "
                      f"median   [{runs[0][1].what.split(',')[0]}, {own:,.0f} tok/s]")
+    firsts = {}
+    for m in measurements:  # every run of a kind generates the same requests: its first speaks for it
+        if m.lengths and m.label[0] not in firsts:
+            firsts[m.label[0]] = m
+    if firsts and requested:
+        lines += [""] + distribution_lines(requested, {k: (m.lengths, m.cut) for k, m in firsts.items()})
+    sched = [m for m in measurements if m.scheduler is not None]
+    if sched:
+        lines += ["", "vLLM's scheduler over each run (REGEN_ENGINE_STATS=1; worker/engine_stats.py):"]
+        lines += [f"({m.label}) {m.scheduler.describe()}" for m in sched]
     stops = sum(m.stopped_early for m in measurements)
     total_s = sum(m.seconds for m in measurements)
     lines.append(f"requests that stopped before their max_tokens (EOS): {stops} of "
@@ -252,17 +299,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="model directory (default: build the tiny random model)")
     p.add_argument("--no-baseline", action="store_true", help="skip (c), the one-batch-at-a-time worker")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every request runs to its budget, in (a) and the workers alike (vLLM's ignore_eos, "
+                        "carried in the run's record): the workload is then exactly the requested lengths")
     p.add_argument("--engine-arg", action="append", default=[],
                    help="vLLM engine argument key=value for every engine, (a) and the workers alike (repeatable)")
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
     p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
+    p.add_argument("--engine-stats", action="store_true",
+                   help="vLLM's scheduler stats (running, waiting, preemptions, KV cache, prefix cache) of every "
+                        "run, (a) and the workers alike (REGEN_ENGINE_STATS=1, worker/engine_stats.py)")
+    p.add_argument("--kv-cache-gib", default=None,
+                   help=f"VLLM_CPU_KVCACHE_SPACE of every engine (default {KV_CACHE_GIB}; small: a KV-limited engine)")
     args = p.parse_args(argv)
+    if args.engine_stats:
+        os.environ["REGEN_ENGINE_STATS"] = "1"  # this process's bare engine and, inherited, every worker
+    if args.kv_cache_gib:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     started = time.perf_counter()
 
     model = args.model or tiny_bench_model()
     rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
-    config = run_config(model, args.max_tokens)
+    config = run_config(model, args.max_tokens, ignore_eos=args.ignore_eos)
     budgets = [r["max_tokens"] for r in rows]
     from worker.engine_args import parse_engine_args
 
@@ -270,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = engine_args(extra)
     print(f"workload: {len(rows):,} single-turn prompts; max_tokens per request lognormal, mean "
           f"{statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, max {max(budgets)}; "
-          f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (the worker does not pass it)'}")
+          f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (--ignore-eos turns it on)'}")
     print(f"engine (a, b, c): {', '.join(f'{k}={v}' for k, v in settings.items())}; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}")
     from worker.admission import admission_level, batches_to_hold
@@ -294,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             bare = BareEngine(model, settings)
             prompts, params = bare.requests(rows, config.as_record())
+            print(kv_capacity_note(bare.llm, params), flush=True)
             bare.run("warm-up", prompts[:16], params[:16])
             for system in systems.values():
                 system.wait_ready()
@@ -327,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for system in systems.values():
                 system.stop()
-    print(report(measurements, idle_cpu_s=idle_cpu_s))
+    print(report(measurements, idle_cpu_s=idle_cpu_s, requested=budgets))
     print(f"wall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 

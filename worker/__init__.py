@@ -17,5 +17,7 @@ The batch path, in order::
       then the output shard to S3 and batch_ledger.py's commit
 
 Beside it: probe.py (the engine half of ``regen estimate``), engine_args.py (``--engine-arg``
-pairs), and tiny/ (the offline tiny model for the demo and the tests).
+pairs), occupancy.py / holding.py (how full the engine is kept, and the batches held for it),
+engine_stats.py (vLLM's scheduler stats, for a diagnosis only: ``REGEN_ENGINE_STATS=1``), and
+tiny/ (the offline tiny model for the demo and the tests).
 """

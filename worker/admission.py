@@ -82,6 +82,8 @@ class AdmissionGate:
             raise ValueError(f"admission level must be at least 1, got {level}")
         self.level = level
         self.admitted = 0
+        #: Conversations let in since the gate was built (worker/engine_stats.py logs it per window).
+        self.admitted_total = 0
         self._waiting: list[tuple[tuple, int, asyncio.Future]] = []
         self._tie = itertools.count()
 
@@ -118,6 +120,7 @@ class AdmissionGate:
             _, _, future = heapq.heappop(self._waiting)
             if not future.done():  # cancelled waiters are skipped
                 self.admitted += 1
+                self.admitted_total += 1
                 future.set_result(None)
 
     def slot(self, order: tuple) -> _Slot:

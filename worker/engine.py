@@ -28,7 +28,8 @@ from ledger.errors import RegenError
 
 from .admission import AdmissionGate, admission_level
 from .dialogue import Generation
-from .occupancy import OccupancySampler
+from .engine_stats import SchedulerRecorder, attach, stats_wanted
+from .occupancy import REPORT_S, OccupancySampler
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,8 @@ class EngineHost:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = {**engine_defaults(current_platform.is_cpu()), **self.engine_args}
+        if stats_wanted():
+            args["disable_log_stats"] = False  # a diagnosis (worker/engine_stats.py), never the default
         # LLM_CLASS: vLLM's offline-batch defaults for this GPU (AsyncLLM's own context
         # would give 128 sequences and 2,048 batched tokens, sized for serving latency).
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **args),
@@ -149,6 +152,10 @@ class EngineHost:
             self._count_unfinished, lambda: bool(self.admission and self.admission.has_waiting),
             self.max_num_seqs)
         asyncio.ensure_future(self.occupancy.run())  # cancelled with the loop's other tasks at shutdown
+        if stats_wanted():
+            recorder = attach(self._llm, SchedulerRecorder(
+                admitted=lambda: self.admission.admitted_total if self.admission else 0))
+            asyncio.ensure_future(recorder.run(REPORT_S))
         self.engine_version = f"vllm {vllm.__version__}"
         if not _supported(vllm.__version__):
             log.warning("vLLM %s is outside the releases regen supports (%s); it may work, untested",

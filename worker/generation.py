@@ -19,8 +19,12 @@ from .dialogue import SampleError, regenerate_conversation
 from .engine import EngineDead, EngineHost
 from .rendering import Renderer
 
-#: Sampling keys passed to vLLM's SamplingParams from the run's record.
-ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+#: Sampling keys passed to vLLM's SamplingParams from the run's record. ``ignore_eos`` is
+#: never in a run regen submit builds (no option sets it, build_run_config leaves it out):
+#: only the benchmarks put it into their run's record, with ``--ignore-eos``, so a model
+#: that ends early still generates the workload's lengths. Being in the record, it is in
+#: the run's hash and in every output row's ``sampling``: such a run cannot pass for a real one.
+ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "ignore_eos")
 
 
 def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[str, Any]:

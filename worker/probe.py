@@ -244,6 +244,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         window_s = wall_s
     return {
         **_drain(timeline, drain_started, tokens_per_s if window is not None else None),
+        **_start(timeline, settled_from, tokens_per_s if window is not None else None),
         "samples": records,
         "output_tokens": output_tokens,
         "wall_s": round(wall_s, 4),
@@ -275,6 +276,27 @@ def _drain(timeline: list[tuple[float, float | None]], start_s: float, full_toke
     drain_s, drain_tokens = max(0.0, end[0] - before[0]), max(0.0, end[1] - before[1])
     loss = max(0.0, drain_s - drain_tokens / full_tokens_per_s)
     return {"drain_s": round(drain_s, 3), "drain_tokens": int(drain_tokens), "drain_loss_s": round(loss, 3)}
+
+
+def _start(timeline: list[tuple[float, float | None]], end_s: float, full_tokens_per_s: float | None
+           ) -> dict[str, float | None]:
+    """The start of a run as the probe saw it: from the first submit until the last sample ended.
+
+    Every conversation starts at once, as a run's first admission level does, and the
+    engine holds young ones only (on a KV-limited engine it overcommits, then preempts as
+    they grow). ``start_loss_s`` is the time that phase took beyond its tokens at the
+    settled, full-engine rate (never below 0): what an engine loses filling up at a run's
+    start, which the estimate adds once per engine, as it adds the drain. None without
+    vLLM's token counter.
+    """
+    points = [(t, g) for t, g in timeline if g is not None and t <= end_s + POLL_S]
+    if len(points) < 2 or full_tokens_per_s is None:
+        return {"start_s": None, "start_tokens": None, "start_loss_s": None}
+    first = points[0]
+    last = max((p for p in points if p[0] <= end_s + 1e-9), default=points[-1], key=lambda p: p[0])
+    start_s, start_tokens = max(0.0, last[0] - first[0]), max(0.0, last[1] - first[1])
+    loss = max(0.0, start_s - start_tokens / full_tokens_per_s)
+    return {"start_s": round(start_s, 3), "start_tokens": int(start_tokens), "start_loss_s": round(loss, 3)}
 
 
 def _full_engine_window(timeline: list[tuple[float, float | None]], start_s: float, end_s: float):

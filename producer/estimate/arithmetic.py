@@ -161,14 +161,21 @@ def spread_allowance_s(longest_conversation_s: float, engines: int) -> float:
 
 
 def run_hours(work: Interval, engines: int, longest_conversation_s: float,
-              drain_loss_s: float | None = None) -> tuple[Interval, Interval]:
+              drain_loss_s: float | None = None, start_loss_s: float | None = None) -> tuple[Interval, Interval]:
     """``(engine-hours, wall-hours)`` from the full-engine work (tokens / tokens/s, in hours).
 
-    engine-hours = work + G × drain;  wall = work / G + drain + spread(G).
+    engine-hours = work + G × (start + drain);  wall = work / G + start + drain + spread(G).
+
+    ``start_loss_s``: what an engine loses while it fills at a run's start, against its
+    settled rate (measured by the probe's first phase; None or 0: nothing added). Like the
+    drain it is paid once per engine, whatever the run's length: nothing for a run of days,
+    a tenth of a one-minute run (docs/estimate.md, "Start-up and drain").
     """
+    start_h = max(0.0, start_loss_s or 0.0) / 3600.0
     drain_h = drain_allowance_s(longest_conversation_s, drain_loss_s) / 3600.0
     spread_h = spread_allowance_s(longest_conversation_s, engines) / 3600.0
-    return work.scaled(1.0, engines * drain_h), work.scaled(1.0 / engines, drain_h + spread_h)
+    return (work.scaled(1.0, engines * (start_h + drain_h)),
+            work.scaled(1.0 / engines, start_h + drain_h + spread_h))
 
 
 def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:

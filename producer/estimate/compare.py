@@ -94,7 +94,7 @@ def compare(estimate: dict[str, Any], actual: dict[str, Any]) -> dict[str, Any]:
     if work and engines != estimate.get("engines"):
         engine_iv, wall_iv = em.run_hours(em.Interval(work["value"], work["ci_low"], work["ci_high"]), engines,
                                           estimate.get("longest_conversation_s", 0.0),
-                                          estimate.get("drain_loss_s"))
+                                          estimate.get("drain_loss_s"), estimate.get("start_loss_s"))
         engine_h, wall = engine_iv.as_dict(), wall_iv.as_dict()
     partial = actual["pending"] > 0
     rows = [

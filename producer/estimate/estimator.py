@@ -209,16 +209,19 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
     tokens_per_s, throughput = _choose_throughput(probe, options.throughput)
     longest_s = max((s.get("duration_s", s["finished_s"]) for s in probe["samples"]), default=0.0)
     drain_loss_s = probe.get("drain_loss_s")  # None: a probe without the token counter, or an older one
+    start_loss_s = probe.get("start_loss_s")  # None likewise (an older probe: no start-up allowance)
     measured = probe.get("tokens_per_s")
     if tokens_per_s and measured:
         # A faster engine finishes its last conversations sooner, in proportion.
         longest_s *= measured / tokens_per_s
         if drain_loss_s is not None:
             drain_loss_s *= measured / tokens_per_s
+        if start_loss_s is not None:
+            start_loss_s *= measured / tokens_per_s
     work_h = engine_h = wall_h = None
     if tokens_per_s:
         work_h = tokens.scaled(1.0 / tokens_per_s / 3600.0)
-        engine_h, wall_h = em.run_hours(work_h, options.engines, longest_s, drain_loss_s)
+        engine_h, wall_h = em.run_hours(work_h, options.engines, longest_s, drain_loss_s, start_loss_s)
     failed = sum(1 for s in probe["samples"] if s["status"] != "done")
     return {
         "kind": "regen-estimate",
@@ -251,6 +254,8 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
         "longest_conversation_s": round(longest_s, 3),
         "drain_loss_s": round(drain_loss_s, 3) if drain_loss_s is not None else None,
         "drain_hours": em.drain_allowance_s(longest_s, drain_loss_s) / 3600.0,
+        "start_loss_s": round(start_loss_s, 3) if start_loss_s is not None else None,
+        "start_hours": max(0.0, start_loss_s or 0.0) / 3600.0,
         "spread_hours": em.spread_allowance_s(longest_s, options.engines) / 3600.0,
         "work_hours": work_h.as_dict() if work_h else None,
         "engine_hours": engine_h.as_dict() if engine_h else None,
@@ -302,6 +307,11 @@ def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str,
                    f"{drain}, and the wall-clock on {options.engines} engine(s) adds that drain plus (1 - 1/G) × "
                    "the longest conversation for engines finishing unevenly; negligible for a long run, not for "
                    "a short one")
+        if probe.get("start_loss_s") is not None:
+            out.append("at the start of a run each engine fills (every conversation young at once; a KV-limited "
+                       f"engine preempts as they grow): measured by the probe's first phase, {probe['start_s']:.1f} s "
+                       f"for {probe['start_tokens']:,} tokens, {probe['start_loss_s']:.1f} s lost against its "
+                       "settled rate; engine-hours add that loss per engine, the wall-clock once")
     out.append(f"{em.CONFIDENCE:.0%} intervals: stratified bootstrap of the sample ({options.bootstrap_resamples:,} "
                "resamples); they cover the sampling error of the lengths, not the noise of a throughput "
                "measurement")
@@ -366,6 +376,7 @@ def hand_estimate(rows: int, mean_output_tokens: float, choice: ThroughputChoice
         "truncated_share": None, "failed_share": None,
         "tokens_per_s": tokens_per_s, "throughput": throughput, "engines": engines,
         "longest_conversation_s": 0.0, "drain_loss_s": None, "drain_hours": 0.0, "spread_hours": 0.0,
+        "start_loss_s": None, "start_hours": 0.0,
         "work_hours": work_h.as_dict() if work_h else None,
         "engine_hours": engine_h.as_dict() if engine_h else None,
         "wall_hours": wall_h.as_dict() if wall_h else None,

@@ -84,9 +84,10 @@ def render_estimate(doc: dict[str, Any]) -> str:
         g, work = doc["engines"], doc["work_hours"]["value"]
         lines.append(f"    work         = {total['value']:,.0f} tokens / {tps:,.1f} tok/s = {work * 3600:,.0f} s "
                      f"= {work:,.3f} h on full engines")
-        lines.append(f"    engine time  = {work:,.3f} h + {g} engine(s) × {doc['drain_hours']:.4f} h drain "
-                     f"= {engine_h['value']:,.3f} engine-hours")
-        lines.append(f"    wall-clock   = {work:,.3f} h / {g} + {doc['drain_hours']:.4f} h drain + "
+        start = doc.get("start_hours") or 0.0  # an estimate saved before the start-up allowance has none
+        lines.append(f"    engine time  = {work:,.3f} h + {g} engine(s) × ({start:.4f} h start-up + "
+                     f"{doc['drain_hours']:.4f} h drain) = {engine_h['value']:,.3f} engine-hours")
+        lines.append(f"    wall-clock   = {work:,.3f} h / {g} + {start:.4f} h start-up + {doc['drain_hours']:.4f} h drain + "
                      f"{doc['spread_hours']:.4f} h spread = {wall_h['value']:,.3f} h = {wall_h['value'] / 24:.2f} days")
     lines += ["", "  assumptions"]
     lines += [f"    - {a}" for a in doc["assumptions"]]

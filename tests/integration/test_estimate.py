@@ -62,6 +62,10 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert probe["drain_s"] is not None and probe["drain_s"] >= 0 and probe["drain_tokens"] >= 0
     assert 0 <= probe["drain_loss_s"] <= probe["drain_s"]
     assert doc["drain_hours"] == pytest.approx(probe["drain_loss_s"] / 3600, rel=1e-3, abs=1e-6)
+    # ...and its first phase (every sample at once, as a run's start) against the settled rate.
+    assert probe["start_s"] is not None and probe["start_tokens"] > 0
+    assert 0 <= probe["start_loss_s"] <= probe["start_s"]
+    assert doc["start_hours"] == pytest.approx(probe["start_loss_s"] / 3600, rel=1e-3, abs=1e-6)
     for s in probe["samples"]:
         assert s["reasoning_tokens"] + s["answer_tokens"] <= s["completion_tokens"]
         # max_tokens 48 per generation: a truncated one hit it exactly.
@@ -75,7 +79,8 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert doc["tokens_per_s"] == pytest.approx(probe["tokens_per_s"], rel=1e-3)
     assert doc["work_hours"]["value"] == pytest.approx(
         doc["total_output_tokens"]["value"] / doc["tokens_per_s"] / 3600, rel=1e-6)
-    assert doc["engine_hours"]["value"] == pytest.approx(doc["work_hours"]["value"] + doc["drain_hours"])
+    assert doc["engine_hours"]["value"] == pytest.approx(
+        doc["work_hours"]["value"] + doc["start_hours"] + doc["drain_hours"])
     assert doc["config"]["max_tokens"] == 48 and doc["config"]["seed"] == 7
     assert doc["assumptions"] and doc["saved_to"] == f"{output}/estimate.json"
     saved = json.loads(ObjectStore().get(f"{output}/estimate.json"))
@@ -88,9 +93,10 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert what_if["throughput"]["source"].startswith("given")
     work_h = what_if["total_output_tokens"]["value"] / 1000 / 3600
     assert what_if["work_hours"]["value"] == pytest.approx(work_h)
-    assert what_if["engine_hours"]["value"] == pytest.approx(work_h + 4 * what_if["drain_hours"])
+    assert what_if["engine_hours"]["value"] == pytest.approx(
+        work_h + 4 * (what_if["start_hours"] + what_if["drain_hours"]))
     assert what_if["wall_hours"]["value"] == pytest.approx(
-        work_h / 4 + what_if["drain_hours"] + what_if["spread_hours"])
+        work_h / 4 + what_if["start_hours"] + what_if["drain_hours"] + what_if["spread_hours"])
     scaled = json.loads(run_estimate([*common, "--json", "--gpu-type", "H200", "--reference-tokens-per-s", "1000",
                                       "--reference-gpu", "H100"], estimate_env).stdout)
     assert scaled["tokens_per_s"] == pytest.approx(1000 * 4.8 / 3.35, rel=1e-3)
