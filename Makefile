@@ -14,6 +14,8 @@ demo: install
 	$(PY) scripts/demo.py
 
 # Everything, against real Postgres, Redis, a moto S3 server, Celery workers and vLLM's CPU build.
+# Postgres and Redis: the ones answering on 127.0.0.1:5432/:6379, else started from wheels for the
+# session (REGEN_TEST_SERVICES=embedded: always; docs/testing.md). -rs names every skip and why.
 test: install
 	$(PY) -m pytest -q -rs
 

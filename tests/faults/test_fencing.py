@@ -17,7 +17,13 @@ from ledger.objects import ObjectStore
 from ledger.reconcile import reconcile_once, requeue
 from ledger.shards import encode_shard, output_shard_url
 from tests.faults.ledger_setup import submit
+from tests.support.helpers import wait_for
 from worker.batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, heartbeat, release_batch
+
+
+def _postmaster_up_s(sessions) -> float:
+    with sessions() as s:
+        return s.execute(text("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")).scalar_one()
 
 
 def _first_batch(sessions):
@@ -102,7 +108,12 @@ def test_the_reconciler_expires_lost_leases_and_republishes_them(settings, sessi
     claim_batch(sessions, batch.id, worker="crashed", lease_s=60)
     with sessions.begin() as s:                          # its worker stopped heartbeating long ago
         s.execute(text("UPDATE batches SET heartbeat_at = now() - interval '1 hour' WHERE id = :b"), {"b": batch.id})
-    report = reconcile_once(sessions, app, lease_s=60, max_attempts=3, grace_s=0)
+    # A lease expires only once the ledger has been up for a whole lease (ledger/transitions.py); the
+    # session's own Postgres may have started seconds ago, so the lease is short and the wait shorter.
+    lease_s = 5
+    wait_for(lambda: _postmaster_up_s(sessions) > lease_s, timeout_s=lease_s + 5, what="Postgres up for a lease",
+             interval_s=0.2)
+    report = reconcile_once(sessions, app, lease_s=lease_s, max_attempts=3, grace_s=0)
     assert report is not None and report.expired == 1
     # The broker was empty, so every queued batch got a message again (4 batches of 5).
     assert report.republished == 4 and r.llen("regen") == 4
@@ -110,7 +121,7 @@ def test_the_reconciler_expires_lost_leases_and_republishes_them(settings, sessi
         row = s.execute(text("SELECT status, failures, error FROM batches WHERE id = :b"), {"b": batch.id}).one()
     assert row.status == "queued" and row.failures == 1 and "crashed" in row.error
     # A second pass finds nothing to do: the broker holds the messages now.
-    again = reconcile_once(sessions, app, lease_s=60, max_attempts=3, grace_s=0)
+    again = reconcile_once(sessions, app, lease_s=lease_s, max_attempts=3, grace_s=0)
     assert again is not None and again.expired == 0 and again.republished == 0 and r.llen("regen") == 4
 
 

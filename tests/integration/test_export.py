@@ -19,6 +19,7 @@ from ledger.objects import ObjectStore
 from ledger.shards import decode_shard, encode_shard, output_shard_url
 from producer.results.export import export_run
 from tests.support import finished_run as fr
+from tests.support import helpers
 
 CONVERSATIONS = [
     fr.ok("s01"), fr.ok("s02", "b.jsonl", 4), fr.ok("s03", words=40), fr.ok("s04"), fr.ok("s05", "b.jsonl", 9),
@@ -35,13 +36,7 @@ TOKEN_ROWS = sum(len(c.turns) for c in DONE) - 1
 
 def require(module: str):
     """Import a consumer; skip when it is missing here, fail under CI (which must install it)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        message = f"{module} is not installed ({e}); see docs/quality.md for the test install"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    return helpers.require(module, "see docs/quality.md for the test install (scripts/install.sh does it)")
 
 
 @pytest.fixture

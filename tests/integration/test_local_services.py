@@ -1,8 +1,8 @@
 """The demo's start-up path on a machine without Postgres or Redis: real servers from the wheels.
 
-The shared Postgres and Redis of this machine stay up (other tests use them), so
-"absent" is modelled by asking for ports where nothing answers: the same branch a
-machine without them takes. Then the ledger is migrated on the embedded server and
+The session's Postgres and Redis stay up (other tests use them), so "absent" is
+modelled by asking for ports where nothing answers: the same branch a machine without
+them takes. Then the ledger is migrated on the embedded server and
 a Celery message goes through the started Redis, as the demo does next.
 """
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 import redis
 
 from ledger.local_s3 import free_port
@@ -52,9 +53,14 @@ def test_both_absent_are_started_from_the_wheels_used_and_stopped(tmp_path):
     assert not (tmp_path / "local" / "pg").exists()  # keep=False deletes it
 
 
-def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path):
-    # This machine's Postgres and Redis answer on the defaults, as a configured node's would.
-    with local_postgres(tmp_path, port=5432) as (admin, pg_started), local_redis(port=6379) as (url, redis_started):
+def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path, pg_server, redis_server):
+    # The session's Postgres and Redis answer on their ports (this machine's, or the session's own
+    # embedded ones), as a configured node's would.
+    if pg_server.host != "127.0.0.1" or redis_server.host != "127.0.0.1":
+        pytest.skip(f"the session's servers are not on 127.0.0.1 ({pg_server.admin_dsn}, {redis_server.url})")
+    with local_postgres(tmp_path, port=pg_server.port) as (admin, pg_started), \
+            local_redis(port=redis_server.port) as (url, redis_started):
         assert not pg_started and not redis_started
-        assert admin == "postgresql://127.0.0.1:5432/postgres" and url == "redis://127.0.0.1:6379/0"
+        assert admin == f"postgresql://127.0.0.1:{pg_server.port}/postgres"
+        assert url == f"redis://127.0.0.1:{redis_server.port}/0"
     assert not (tmp_path / "pg").exists()

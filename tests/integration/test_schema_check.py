@@ -13,19 +13,18 @@ import pytest
 from ledger import migrate
 from ledger.errors import ConfigError
 from ledger.settings import Settings
-from tests.fixtures.services import ADMIN_DSN
 from tests.support.helpers import ROOT
 
 
 @pytest.fixture
-def scratch_db():
+def scratch_db(pg_server):
     name = f"regen_schema_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield Settings(database_url=f"{ADMIN_DSN.rsplit('/', 1)[0]}/{name}")
+        yield Settings(database_url=pg_server.dsn(name))
     finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

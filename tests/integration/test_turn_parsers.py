@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.model import VLLM_HINT
+from tests.support.helpers import require
 from worker.dialogue import Generation
 from worker.turn_parsers import ParserUnavailable, RegenQwenParser, load_turn_parser
 
-pytest.importorskip("vllm")
+require("vllm", VLLM_HINT, module_level=True)
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "read a file",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},

@@ -24,7 +24,6 @@ from ledger.errors import ConfigError
 from ledger.settings import Settings
 from producer.monitoring.status import run_status
 from producer.monitoring.watch import watch_status
-from tests.fixtures.services import ADMIN_DSN
 from tests.support.helpers import ROOT
 
 SQL_DOC = ROOT / "docs" / "sql.md"
@@ -214,12 +213,12 @@ def test_worker_gpus_function(ledger):
     assert row == {"a": 2, "b": 1, "c": 4, "d": None, "e": None, "f": None}
 
 
-def test_views_go_with_a_downgrade_and_come_back_with_an_upgrade(pg_database):
+def test_views_go_with_a_downgrade_and_come_back_with_an_upgrade(pg_server):
     name = f"regen_views_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:
-            settings = Settings(database_url=f"{ADMIN_DSN.rsplit('/', 1)[0]}/{name}")
+            settings = Settings(database_url=pg_server.dsn(name))
             migrate.upgrade(settings)
             assert EXPECTED_VIEWS <= _views(settings)
             migrate.downgrade(settings, "0002")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -14,6 +15,23 @@ from ledger.objects import ObjectStore
 from ledger.shards import decode_packed, decode_shard
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def require(module: str, hint: str, *, module_level: bool = False):
+    """Import ``module``, an installed package a test needs (``make test`` installs every one).
+
+    Missing, it skips the test with ``hint`` (what to install) on a developer's machine, and
+    fails it under CI (``CI`` set): a CI machine that lost a package is never green by skipping.
+    """
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        message = f"{module} is not installed ({e}): {hint}"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=module_level)
 
 
 def cli_env(settings, s3_env: dict[str, str]) -> dict[str, str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.helpers import require
 from worker.parsing import parse_tool_calls, split_reasoning
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates" / "qwen3_chat.jinja"
@@ -202,7 +203,8 @@ def test_malformed_xml_calls_are_errors(body, error):
 
 def test_a_parsed_turn_renders_back_to_exactly_the_generated_text():
     """The next turn's context must hold the model's own text, not a repaired version of it."""
-    render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+    render = require("transformers.utils.chat_template_utils", "vLLM's CPU build brings it (pip install -e '.[cpu]')"
+                     ).render_jinja_template
     generated = (
         "<think>\nTwo lookups.\n</think>\n\nOne moment.\n"
         + _call("get_weather", {"city": "Paris"})
