@@ -43,7 +43,7 @@ SELECT :run, g,
             WHEN g <= :done + :running + :window THEN 'queued' ELSE 'planned' END,
        CASE WHEN g <= :done + :running THEN 1 ELSE 0 END, 0, 's3://b/big/inputs/group-' || g, 64,
        CASE WHEN g <= :done + :running + :window THEN now() - interval '2 hours' END,
-       CASE WHEN g > :done AND g <= :done + :running THEN now() END,
+       CASE WHEN g > :done AND g <= :done + :running THEN now() + interval '1 day' END,
        CASE WHEN g <= :done + :running THEN 'gpu0@n' || (g % 1000) END
 FROM generate_series(1, :n) AS g"""), {"run": run_id, "done": done, "running": running, "window": window, "n": n})
     with sessions.begin() as s:
@@ -94,6 +94,13 @@ def main() -> None:
         t = time.perf_counter()
         report = reconcile_once(sessions, app, lease_s=30, max_attempts=3, window=args.window)
         print(f"after 1,000 consumed: pass {(time.perf_counter() - t) * 1000:.0f} ms, topped up {report.topped_up}")
+        # Every queued batch past the grace period and waiting on the queue: the pass reads the whole queue.
+        with sessions.begin() as s:
+            s.execute(text("UPDATE batches SET enqueued_at = enqueued_at - interval '2 hours' WHERE status = 'queued'"))
+        t = time.perf_counter()
+        report = reconcile_once(sessions, app, lease_s=30, max_attempts=3, window=args.window)
+        print(f"every queued batch past its grace period, all {r.llen('regen'):,} waiting: pass "
+              f"{(time.perf_counter() - t) * 1000:.0f} ms, republished {report.republished}")
         with sessions() as s:
             t = time.perf_counter()
             figures = broker_figures(s, run_id, "regen", settings.redis_url)
