@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import redis as redis_lib
@@ -29,23 +30,19 @@ from producer.monitoring.status import broker_figures
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
+#: A synthetic ledger state written directly (no worker could build 1.5M batches' history in a
+#: benchmark's time): kept in a .sql file, apart from regen's code, whose status writes all go
+#: through ledger/transitions.py (tests/unit/test_transitions.py scans the .py files).
+FILL_SQL = Path(__file__).with_name("reconcile_scale_ledger.sql")
+
+
 def _fill(sessions, n: int, *, window: int, running: int, done_share: float) -> int:
     done = int(n * done_share)
+    run_sql, batches_sql = FILL_SQL.read_text().split(";\n", 1)
     with sessions.begin() as s:
-        run_id = s.execute(text(
-            "INSERT INTO runs (name, model, sampling, config_hash, output_url, queue, batch_size, status) "
-            "VALUES ('big', 'm', '{}', 'h', 's3://b/big', 'regen', 64, 'active') RETURNING id")).scalar()
+        run_id = s.execute(text(run_sql)).scalar()
         # seq order: done, then running, then the queued window, then planned.
-        s.execute(text("""
-INSERT INTO batches (run_id, seq, status, attempts, failures, input_key, n_samples, enqueued_at, heartbeat_at, worker)
-SELECT :run, g,
-       CASE WHEN g <= :done THEN 'done' WHEN g <= :done + :running THEN 'running'
-            WHEN g <= :done + :running + :window THEN 'queued' ELSE 'planned' END,
-       CASE WHEN g <= :done + :running THEN 1 ELSE 0 END, 0, 's3://b/big/inputs/group-' || g, 64,
-       CASE WHEN g <= :done + :running + :window THEN now() - interval '2 hours' END,
-       CASE WHEN g > :done AND g <= :done + :running THEN now() + interval '1 day' END,
-       CASE WHEN g <= :done + :running THEN 'gpu0@n' || (g % 1000) END
-FROM generate_series(1, :n) AS g"""), {"run": run_id, "done": done, "running": running, "window": window, "n": n})
+        s.execute(text(batches_sql), {"run": run_id, "done": done, "running": running, "window": window, "n": n})
     with sessions.begin() as s:
         s.execute(text("ANALYZE batches"))
     return run_id
