@@ -13,9 +13,17 @@ DEFAULT_LEASE_S = 30.0
 DEFAULT_HEARTBEAT_S = 5.0
 #: How often every worker offers to run the reconciler (one pass at a time farm-wide).
 DEFAULT_RECONCILE_S = 10.0
-#: A queued batch younger than this may still have its message in flight: the
-#: reconciler republishes it only when the broker is empty and it is older.
-QUEUED_GRACE_S = 300.0
+#: A queued batch whose message is neither waiting on its queue nor claimed this long
+#: after it was published gets a new one (ledger/reconcile.py): its message was lost, or
+#: sits with a consumer that is gone. Younger, the message may still be on its way to a
+#: claim (a delivery is claimed within milliseconds; a busy thread pool may take longer,
+#: and then the second message only lets another worker take the batch first).
+QUEUED_GRACE_S = 60.0
+#: Messages the broker holds per queue, waiting: submit publishes up to this many and
+#: the reconciler tops the queue up from the ledger's planned batches as workers drain
+#: it (ledger/reconcile.py). ~1.45 KB each in Redis: ~15 MB per queue, whatever the run's size,
+#: and ~100 s of work for 1,000 GPUs between two reconciler passes 10 s apart.
+DEFAULT_QUEUE_WINDOW = 10_000
 #: Samples per batch of ``regen submit``; workers size the batches they hold by it
 #: before they have seen one.
 DEFAULT_BATCH_SIZE = 64

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 
 from celery import Celery
 from kombu.exceptions import KombuError
+from kombu.transport.redis import PublishBatch
 
+from .broker import BATCH_HEADER
 from .defaults import DEFAULT_QUEUE
 from .settings import Settings
 
@@ -85,7 +87,21 @@ def make_celery(settings: Settings, *, name: str = "regen") -> Celery:
     return app
 
 
-def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, attempts: int = 3) -> None:
+class _FrontOfQueue(PublishBatch):
+    """kombu's Redis publish batch, each message put at the front of its queue.
+
+    kombu publishes with LPUSH and consumers BRPOP, so a new message waits behind every
+    other; its own restore of an unacknowledged message uses RPUSH, the next to be
+    delivered. A batch the reconciler takes back from a dead consumer goes there too:
+    it has waited already, and behind a window of thousands it would wait for hours.
+    """
+
+    def add(self, name, *args):
+        super().add("rpush" if name == "lpush" else name, *args)
+
+
+def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, attempts: int = 3,
+                     front: bool = False) -> None:
     """Publish task messages in pipelined round trips: every batch message goes out here.
 
     kombu's ``Producer.batch`` buffers the Redis commands of each ``send_task`` (the
@@ -93,17 +109,23 @@ def publish_messages(app: Celery, messages: list[BatchMessage], *, queue: str, a
     pipeline per PUBLISH_PIPELINE commands. A failed round trip leaves delivery
     uncertain, so the whole list is sent again: a message delivered twice is harmless
     (the second claim acknowledges without generating), a lost one is not.
+
+    Each message carries its batch id in the ``regen_batch`` header, where the
+    reconciler reads it without decoding the body (ledger/broker.py). ``front``: at the
+    front of the queue, the next to be delivered (``_FrontOfQueue``).
     """
     if not messages:
         return  # no connection taken for nothing
     for attempt in range(1, attempts + 1):
         try:
-            with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
+            with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE) as batch:
+                if front and batch.state.session is None and getattr(producer.channel, "create_publish_batch", None):
+                    batch.state.session = _FrontOfQueue(producer.channel, PUBLISH_PIPELINE)
                 for message in messages:
                     kwargs = message.kwargs()
                     # Given reprs: Celery would otherwise saferepr() every message (a fifth of the cost).
                     app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, producer=producer, argsrepr="()",
-                                  kwargsrepr=repr(kwargs))
+                                  kwargsrepr=repr(kwargs), headers={BATCH_HEADER: message.batch_id})
             return
         except (KombuError, OSError) as e:
             if attempt == attempts:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -90,6 +91,12 @@ class Batch(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
+    #: Deliveries acknowledged without work: the batch was done, dead or held by another live
+    #: attempt (a duplicate message, or an old one Redis handed back after its visibility timeout).
+    stale_deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: New messages the reconciler published because the batch's was neither on the queue nor
+    #: claimed after the grace period (lost, or held by a consumer that is gone); migration 0007.
+    republishes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("run_id", "seq", name="batches_run_seq_key"),
@@ -98,6 +105,11 @@ class Batch(Base):
                         "(input_offset >= 0 AND input_length > 0 AND input_sha256 IS NOT NULL)",
                         name="batches_input_range_check"),
         Index("batches_run_status_idx", "run_id", "status"),
+        # The reconciler's queries (migration 0007): bounded by what they may act on.
+        Index("batches_planned_idx", "run_id", "seq", postgresql_where=text("status = 'planned'")),
+        Index("batches_queued_idx", "run_id", "enqueued_at", postgresql_where=text("status = 'queued'")),
+        Index("batches_redelivered_idx", "run_id",
+              postgresql_where=text("stale_deliveries > 0 OR republishes > 0")),
     )
 
 
@@ -155,3 +167,15 @@ class RejectedRow(Base):
         UniqueConstraint("run_id", "source_file", "source_row", name="rejected_rows_source_key"),
         Index("rejected_rows_run_reason_idx", "run_id", "reason"),
     )
+
+
+class ReconcilerState(Base):
+    """One row: when the farm's last reconciler pass ran and which worker ran it (migration 0007)."""
+
+    __tablename__ = "reconciler_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    last_pass_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_pass_by: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (CheckConstraint("id = 1", name="reconciler_state_id_check"),)

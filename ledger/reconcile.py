@@ -1,47 +1,161 @@
-"""Rebuild the broker's view from the ledger: the ledger is the truth, Redis a dispatch channel.
+"""Keep the broker in step with the ledger: the ledger is the truth, Redis a dispatch channel.
 
-Two kinds of batches need a message that the broker may not have:
+The broker holds a **window** of each queue, not the whole backlog: ``regen submit``
+publishes up to ``window`` messages per queue and leaves the rest of its batches
+``planned`` in the ledger; each reconciler pass tops every queue of an active run up to
+the window again, from the planned batches in (run, seq) order. Redis memory is then
+bounded by the window (~15 MB per queue at 10,000), not by the run (2.6 GB of messages
+for 100M samples before), and the ready list is short enough to be read.
+
+A pass, besides the top-up, gives a new message to two kinds of batches whose message
+the broker will not deliver soon:
 
 * ``running`` batches whose lease expired: their worker died (node crash, SIGKILL,
-  network partition) and the broker will redeliver its message only after the
-  visibility timeout (hours). They go back to ``queued`` as a failed attempt
-  (``failures + 1``, ``dead`` at the limit, so a batch that kills every worker that
-  takes it cannot loop forever) and get a new message.
-* ``queued`` (and ``planned``) batches whose message is gone (Redis flushed or
-  restarted empty). ``regen requeue`` republishes them all; the automatic
-  reconciler in the workers republishes them only when the broker is visibly empty
-  (no message in the queue and none unacknowledged) and they have waited longer
-  than a grace period, so it never floods a healthy queue with duplicates.
+  network partition). They go back to ``queued`` as a failed attempt (``failures + 1``,
+  ``dead`` at the limit, so a batch that kills every worker that takes it cannot loop
+  forever) and get a new message at the **front** of their queue.
+* ``queued`` batches published more than ``grace_s`` ago whose message is neither
+  waiting on their queue nor claimed: lost (Redis flushed or restarted empty, the
+  BRPOP-to-unacked hole), or delivered to a consumer that is gone (its ``unacked``
+  entries come back only after the 6-hour visibility timeout). The pass reads the ids
+  waiting on the queue (ledger/broker.py) and republishes, at the front, those of the
+  oldest queued batches that are not there: at most ``REPUBLISH_PER_PASS`` per queue,
+  each at most once per grace period (``enqueued_at`` restarts, ``republishes + 1``).
+  A live consumer's delivery that waits longer than the grace period for a free thread
+  gets a second message too; that is harmless (below) and lets an idle worker take it.
 
-Duplicate messages are harmless: a claim is fenced by ``attempts`` and a batch that
-is running elsewhere, done or dead is acknowledged without generating.
+Why not "queued and older than the grace period" alone: a waiting message is as old as
+its place in the queue, so with the whole run published (or at a small farm's pace)
+nearly every queued batch is older, and each pass would double the queue. Why not
+"only when the broker is empty" (the rule before): a farm's ``unacked`` hash is never
+empty, so a dead consumer's deliveries waited six hours. Why not track which worker
+holds which delivery: the broker does not record the consumer, and the ledger would pay
+a write per delivery for what a read of the short ready list tells.
+
+Duplicate messages are harmless: a claim is fenced by ``attempts``, and a delivery of a
+batch that is running elsewhere, done or dead is acknowledged without generating and
+counted in ``batches.stale_deliveries``.
+
+Every worker offers a pass every ``--reconcile-s``; one runs at a time (an advisory
+lock) and at most one per interval farm-wide (``reconciler_state``), so a pass costs the
+same with 1,000 workers as with one. Each query reads only the rows it may act on
+(partial indexes of migration 0007, LIMITs), whatever the ledger's size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from celery import Celery
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import transitions
-from .defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, QUEUED_GRACE_S  # noqa: F401 (re-exported)
+from .broker import ready_batch_ids, ready_length
+from .defaults import (  # noqa: F401 (re-exported)
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE_WINDOW,
+    QUEUED_GRACE_S,
+)
 from .dispatch import BatchMessage, publish_messages
 
 log = logging.getLogger(__name__)
 
-#: One reconciler pass at a time across all workers (pg advisory lock key).
+#: One reconciler pass (or top-up) at a time across all workers and submits (pg advisory lock key).
 RECONCILER_LOCK = 727463
+#: Lost messages republished per queue and pass: a flushed Redis's window is back in a few passes.
+REPUBLISH_PER_PASS = 2000
+#: The ready list is read only up to this many times the window; a longer one (messages
+#: published before the window existed) is not read, and its lost deliveries wait for
+#: the visibility timeout or `regen requeue`.
+SCAN_WINDOWS = 4
+#: Rows per statement when `regen requeue` republishes every queued batch.
+REQUEUE_CHUNK = 5000
+_BROKER_ERRORS = (KombuError, RedisError, OSError)
 
 
 @dataclass
 class RequeueReport:
     expired: int = 0
     dead: int = 0
+    #: New messages for batches that had one: expired leases, lost or stranded messages.
     republished: int = 0
+    #: Of them, queued batches whose message was neither on the queue nor claimed.
+    lost: int = 0
+    #: Planned batches published to fill the window.
+    topped_up: int = 0
     runs: list[str] = field(default_factory=list)
+
+
+_MESSAGE_COLUMNS = "b.id, b.seq, b.input_key, r.id AS run_id, r.name, r.queue"
+
+#: The next planned batches of a queue's active runs, oldest run first, in seq order.
+_PLANNED = text(f"""
+SELECT {_MESSAGE_COLUMNS} FROM runs r CROSS JOIN LATERAL (
+    SELECT id, seq, input_key FROM batches
+    WHERE run_id = r.id AND status = 'planned' ORDER BY seq LIMIT :n) b
+WHERE r.queue = :queue AND r.status = 'active' AND (CAST(:run AS int) IS NULL OR r.id = :run)
+ORDER BY r.id, b.seq LIMIT :n""")
+
+#: A queue's queued batches published longest ago (beyond the grace period). A waiting
+#: message sits behind those published before it, so a delivered or lost one is among
+#: the oldest: reading them first finds it even when thousands wait healthily.
+_STALE_QUEUED = text(f"""
+SELECT {_MESSAGE_COLUMNS}, b.enqueued_at FROM runs r CROSS JOIN LATERAL (
+    SELECT id, seq, input_key, enqueued_at FROM batches
+    WHERE run_id = r.id AND status = 'queued' AND enqueued_at < now() - make_interval(secs => :grace)
+    ORDER BY enqueued_at LIMIT :n) b
+WHERE r.queue = :queue AND r.status = 'active'
+ORDER BY b.enqueued_at LIMIT :n""")
+
+_ACTIVE_QUEUES = text("SELECT DISTINCT queue FROM runs WHERE status = 'active' "
+                      "AND (CAST(:run AS int) IS NULL OR id = :run) ORDER BY queue")
+
+_BY_ID = text(f"SELECT {_MESSAGE_COLUMNS} FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = ANY(:ids)")
+
+#: `regen requeue`: the queued batches of active runs, by id from a keyset cursor.
+_QUEUED_AFTER = text(f"""
+SELECT {_MESSAGE_COLUMNS} FROM batches b JOIN runs r ON r.id = b.run_id
+WHERE b.status = 'queued' AND r.status <> 'paused' AND (CAST(:run AS text) IS NULL OR r.name = :run)
+  AND b.id > :after
+ORDER BY b.id LIMIT :n""")
+
+#: One pass per interval farm-wide: true (and the row stamped) if none ran within ``interval``.
+_TAKE_PASS = text("""
+INSERT INTO reconciler_state AS s (id, last_pass_at, last_pass_by) VALUES (1, now(), :by)
+ON CONFLICT (id) DO UPDATE SET last_pass_at = now(), last_pass_by = :by
+WHERE s.last_pass_at <= now() - make_interval(secs => :interval)
+RETURNING id""")
+
+
+def _messages(rows) -> list[BatchMessage]:
+    return [BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key) for r in rows]
+
+
+def _publish_by_queue(app: Celery, rows, *, front: bool) -> None:
+    by_queue: dict[str, list] = {}
+    for r in rows:
+        by_queue.setdefault(r.queue, []).append(r)
+    for queue, queue_rows in by_queue.items():
+        _publish(app, queue_rows, queue=queue, front=front)
+
+
+def _publish(app: Celery, rows, *, queue: str, front: bool = False) -> None:
+    # At the front each message goes ahead of the one before: reversed, the first row is delivered first.
+    publish_messages(app, _messages(rows[::-1] if front else rows), queue=queue, front=front)
+
+
+@contextlib.contextmanager
+def broker_client(app: Celery) -> Iterator:
+    """The broker's redis-py client, from the app's connection pool."""
+    with app.connection_for_write() as conn:
+        yield conn.default_channel.client
 
 
 def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> tuple[int, int]:
@@ -50,73 +164,142 @@ def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: s
     return len(rows), sum(1 for r in rows if r.status == "dead")
 
 
-def _queued(session: Session, *, run: str | None, older_than_s: float) -> list:
-    return session.execute(text("""
-        SELECT b.id, b.seq, b.input_key, r.id AS run_id, r.name, r.queue FROM batches b JOIN runs r ON r.id = b.run_id
-        WHERE b.status IN ('queued', 'planned') AND r.status <> 'paused'
-          AND (CAST(:run AS text) IS NULL OR r.name = :run)
-          AND coalesce(b.enqueued_at, '-infinity') < now() - make_interval(secs => :age)
-        ORDER BY r.id, b.seq"""), {"run": run, "age": older_than_s}).all()
-
-
-def _publish(sessions: sessionmaker[Session], app: Celery, rows: list) -> int:
-    by_queue: dict[str, list[BatchMessage]] = {}
-    for r in rows:
-        by_queue.setdefault(r.queue, []).append(
-            BatchMessage(run=r.name, run_id=r.run_id, batch_id=r.id, seq=r.seq, input_key=r.input_key))
-    for queue, messages in by_queue.items():
-        publish_messages(app, messages, queue=queue)
-    if rows:
-        with sessions.begin() as s:
-            transitions.mark_republished(s, [r.id for r in rows])
+def _top_up_queue(session: Session, app: Celery, client, queue: str, *, window: int, run_id: int | None) -> int:
+    """Publish planned batches of ``queue`` (of ``run_id`` only, if given) until it holds ``window`` messages."""
+    room = window - ready_length(client, queue)
+    if room <= 0:
+        return 0
+    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": run_id}).all()
+    if not rows:
+        return 0
+    with session.begin_nested():  # a failed publish leaves them planned
+        moved = transitions.mark_published(session, [r.id for r in rows])
+        rows = [r for r in rows if r.id in moved]
+        publish_messages(app, _messages(rows), queue=queue)
     return len(rows)
 
 
-def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, lease_s: float,
-            max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> RequeueReport:
-    """``regen requeue``: expire lost leases and republish every queued batch (after a Redis loss)."""
-    report = RequeueReport()
-    with sessions.begin() as s:
-        report.expired, report.dead = expire_leases(s, lease_s=lease_s, max_attempts=max_attempts, run=run)
-    with sessions() as s:
-        rows = _queued(s, run=run, older_than_s=0)
-    report.republished = _publish(sessions, app, rows)
-    report.runs = sorted({r.name for r in rows})
-    return report
+def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id: int | None = None) -> int:
+    """Fill the window of every queue of an active run (or of ``run_id``'s queue, from its batches).
+
+    Waits for a reconciler pass in progress (the lock), so no planned batch is published twice.
+    Raises the broker's error: the batches it could not publish stay planned.
+    """
+    total = 0
+    with sessions.begin() as s, broker_client(app) as client:
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK})
+        for (queue,) in s.execute(_ACTIVE_QUEUES, {"run": run_id}).all():
+            total += _top_up_queue(s, app, client, queue, window=window, run_id=run_id)
+    return total
 
 
-def broker_is_empty(app: Celery, queues: list[str]) -> bool:
-    """No message waiting in any of ``queues`` and none unacknowledged anywhere."""
-    with app.connection_for_write() as conn:
-        client = conn.default_channel.client
-        if client.hlen("unacked"):
-            return False
-        return all(client.llen(q) == 0 for q in queues)
+def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float, window: int) -> int:
+    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front."""
+    candidates = session.execute(_STALE_QUEUED, {"queue": queue, "grace": grace_s, "n": REPUBLISH_PER_PASS}).all()
+    if not candidates:
+        return 0
+    waiting = ready_batch_ids(client, queue, limit=SCAN_WINDOWS * window)
+    if waiting is None:
+        log.warning("reconciler: queue %s holds more than %d messages; lost deliveries on it are not looked for",
+                    queue, SCAN_WINDOWS * window)
+        return 0
+    missing = [r for r in candidates if r.id not in waiting]
+    if not missing:
+        return 0
+    with session.begin_nested():
+        still = transitions.mark_message_lost(session, [r.id for r in missing])
+        missing = [r for r in missing if r.id in still]
+        _publish(app, missing, queue=queue, front=True)
+    log.warning("reconciler: %d queued batches of queue %s had no message waiting and none claimed %.0f s after "
+                "their last one (lost, or held by a consumer that is gone): published again, first in line "
+                "(batch ids %s%s)", len(missing), queue, grace_s, [r.id for r in missing[:10]],
+                "..." if len(missing) > 10 else "")
+    return len(missing)
+
+
+def _take_pass(session: Session, *, min_interval_s: float, worker: str | None) -> bool:
+    if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK}).scalar():
+        return False
+    return session.execute(_TAKE_PASS, {"by": worker, "interval": min_interval_s}).first() is not None
 
 
 def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: float, max_attempts: int,
-                   grace_s: float = QUEUED_GRACE_S) -> RequeueReport | None:
-    """One automatic pass (workers run it periodically). None if another worker holds the pass."""
+                   grace_s: float = QUEUED_GRACE_S, window: int = DEFAULT_QUEUE_WINDOW,
+                   min_interval_s: float = 0.0, worker: str | None = None) -> RequeueReport | None:
+    """One automatic pass (workers offer one every ``--reconcile-s``).
+
+    None if another pass holds the lock, or one ran less than ``min_interval_s`` ago.
+    Broker errors are logged, not raised: what could not be published is found again
+    by the next pass (expired batches, queued and past their grace period, are republished
+    as lost; planned ones stay planned).
+    """
     report = RequeueReport()
     with sessions.begin() as s:
-        if not s.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK}).scalar():
+        if not _take_pass(s, min_interval_s=min_interval_s, worker=worker):
             return None
         expired = transitions.expire_leases(s, lease_s=lease_s, max_attempts=max_attempts)
         report.expired = len(expired)
         report.dead = sum(1 for r in expired if r.status == "dead")
-        expired_ids = {r.id for r in expired if r.status == "queued"}
-        rows = _queued(s, run=None, older_than_s=grace_s)
-    # Expired batches always get a new message; other queued ones only if the broker lost them.
-    queues = sorted({r.queue for r in rows})
-    if rows and not broker_is_empty(app, queues):
-        rows = [r for r in rows if r.id in expired_ids]
-    with sessions() as s:
-        if expired_ids:
-            fresh = _queued(s, run=None, older_than_s=0)
-            have = {r.id for r in rows}
-            rows += [r for r in fresh if r.id in expired_ids and r.id not in have]
-    report.republished = _publish(sessions, app, rows)
+        requeued = [r.id for r in expired if r.status == "queued"]
+        queues = [q for (q,) in s.execute(_ACTIVE_QUEUES, {"run": None}).all()]
+        try:
+            with broker_client(app) as client:
+                if requeued:
+                    # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
+                    rows = s.execute(_BY_ID, {"ids": requeued}).all()
+                    _publish_by_queue(app, rows, front=True)
+                    report.republished += len(rows)
+                for queue in queues:
+                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s, window=window)
+                    report.lost += lost
+                    report.republished += lost
+                    report.topped_up += _top_up_queue(s, app, client, queue, window=window, run_id=None)
+        except _BROKER_ERRORS as e:
+            log.warning("reconciler: the broker failed during the pass (%s: %s); the next pass retries",
+                        type(e).__name__, e)
     if report.expired or report.republished:
-        log.warning("reconciler: %d leases expired (%d now dead), %d batches republished", report.expired,
-                    report.dead, report.republished)
+        log.warning("reconciler: %d leases expired (%d now dead), %d batches republished (%d with a lost message), "
+                    "%d planned batches published", report.expired, report.dead, report.republished, report.lost,
+                    report.topped_up)
+    elif report.topped_up:
+        log.info("reconciler: %d planned batches published to fill the window", report.topped_up)
+    return report
+
+
+def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, lease_s: float,
+            max_attempts: int = DEFAULT_MAX_ATTEMPTS, window: int = DEFAULT_QUEUE_WINDOW) -> RequeueReport:
+    """``regen requeue`` (after a Redis loss) and ``regen resume``: a message for every queued batch now.
+
+    Expires lost leases, publishes every queued batch of an active run whose id is not
+    waiting on its queue (all of them after a flush; a healthy queue is not doubled),
+    then fills the window from the planned batches. Planned batches beyond the window
+    stay planned: the workers' reconciler publishes them as the queue drains.
+    """
+    report = RequeueReport()
+    with sessions.begin() as s:
+        report.expired, report.dead = expire_leases(s, lease_s=lease_s, max_attempts=max_attempts, run=run)
+    runs: set[str] = set()
+    waiting: dict[str, set[int] | None] = {}
+    after = 0
+    with broker_client(app) as client:
+        while True:
+            with sessions.begin() as s:
+                rows = s.execute(_QUEUED_AFTER, {"run": run, "after": after, "n": REQUEUE_CHUNK}).all()
+                if not rows:
+                    break
+                after = rows[-1].id
+                for q in {r.queue for r in rows} - set(waiting):
+                    waiting[q] = ready_batch_ids(client, q, limit=SCAN_WINDOWS * window)
+                send = [r for r in rows if not (waiting[r.queue] and r.id in waiting[r.queue])]
+                transitions.mark_republished(s, [r.id for r in send])
+                _publish_by_queue(app, send, front=False)
+            report.republished += len(send)
+            runs |= {r.name for r in rows}
+    run_id = None
+    if run is not None:
+        with sessions() as s:
+            run_id = s.execute(text("SELECT id FROM runs WHERE name = :n"), {"n": run}).scalar()
+    if run is None or run_id is not None:
+        report.topped_up = top_up(sessions, app, window=window, run_id=run_id)
+    report.runs = sorted(runs)
     return report

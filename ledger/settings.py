@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from .defaults import DEFAULT_QUEUE_WINDOW
 from .errors import ConfigError
 
 #: Used when neither a flag nor the environment names a database: the local
@@ -61,6 +62,19 @@ def _float_env(name: str) -> float | None:
         raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from e
 
 
+def _window_env(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return DEFAULT_QUEUE_WINDOW
+    try:
+        window = int(value)
+    except ValueError as e:
+        raise ConfigError(f"{name} must be a whole number of messages, got {value!r}") from e
+    if window <= 0:
+        raise ConfigError(f"{name} must be positive, got {window}")
+    return window
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
@@ -70,6 +84,9 @@ class Settings:
     #: The broker's redelivery timeout; None = ledger/dispatch.py's default. Must be the
     #: same on every worker of a broker (the shortest wins). Tests shorten it.
     visibility_timeout_s: float | None = None
+    #: Messages waiting per queue that submit and the reconciler keep the broker at
+    #: (ledger/defaults.py DEFAULT_QUEUE_WINDOW; ``REGEN_QUEUE_WINDOW``).
+    queue_window: int = DEFAULT_QUEUE_WINDOW
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -78,6 +95,7 @@ class Settings:
             database_url=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL),
             redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
             visibility_timeout_s=_float_env("REGEN_VISIBILITY_TIMEOUT_S"),
+            queue_window=_window_env("REGEN_QUEUE_WINDOW"),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings

@@ -57,8 +57,9 @@ _ACTIVE, _PAUSED, _FINISHED = RunStatus.ACTIVE.value, RunStatus.PAUSED.value, Ru
 
 _INSERT_BATCHES = _transition("batches", (), (_P, _Q), """
 INSERT INTO batches (run_id, seq, status, input_key, input_offset, input_length, input_sha256, n_samples,
-                     attempts, failures)
-SELECT :run, seq, :status, key, off, len, sha, n, 0, 0
+                     attempts, failures, enqueued_at)
+SELECT :run, seq, CAST(:status AS varchar), key, off, len, sha, n, 0, 0,
+       CASE WHEN CAST(:status AS varchar) = 'queued' THEN now() END
 FROM unnest(CAST(:seqs AS int[]), CAST(:keys AS text[]), CAST(:offs AS bigint[]), CAST(:lens AS bigint[]),
             CAST(:shas AS text[]), CAST(:ns AS int[])) AS t(seq, key, off, len, sha, n)
 RETURNING id, seq""")
@@ -69,8 +70,9 @@ def insert_batches(session: Session, run_id: int, planned: Sequence[tuple[int, s
                    input_ranges: Sequence[tuple[int, int, str]] | None = None) -> list[int]:
     """New batches, ``(seq, input_key, n_samples)`` each, in one statement; their ids in that order.
 
-    ``planned`` (submit: published after the commit, a crash leaves them for the next
-    submit) or ``queued`` (retry --failed: published right after its commit).
+    ``planned`` (submit: published after the commit, as the broker's window has room) or
+    ``queued`` (retry --failed: published right after its commit; ``enqueued_at`` set, so
+    a publish that failed is made good by the reconciler after its grace period).
     ``input_ranges``: ``(offset, length, sha256)`` of each batch's shard in a packed
     ``input_key`` (ledger/shards.py), in the order of ``planned``; None: each key is its
     batch's own object.
@@ -89,12 +91,17 @@ def insert_batches(session: Session, run_id: int, planned: Sequence[tuple[int, s
 
 
 _MARK_PUBLISHED = _transition("batches", (_P,), (_Q,), """
-UPDATE batches SET status = 'queued', enqueued_at = now() WHERE id = ANY(:ids) AND status = 'planned'""")
+UPDATE batches SET status = 'queued', enqueued_at = now() WHERE id = ANY(:ids) AND status = 'planned'
+RETURNING id""")
 
 
-def mark_published(session: Session, batch_ids: list[int]) -> None:
-    """Submit's batches whose messages are out: ``planned`` → ``queued``."""
-    session.execute(_MARK_PUBLISHED, {"ids": batch_ids})
+def mark_published(session: Session, batch_ids: list[int]) -> set[int]:
+    """Planned batches whose messages go out in this transaction: ``planned`` → ``queued``.
+
+    The ids it moved: the caller publishes those only, so two publishers of one planned
+    batch (submit and the reconciler's top-up) never both send it.
+    """
+    return {r[0] for r in session.execute(_MARK_PUBLISHED, {"ids": batch_ids})}
 
 
 _MARK_REPUBLISHED = _transition("batches", (_P, _Q), (_Q,), """
@@ -102,8 +109,28 @@ UPDATE batches SET status = 'queued', enqueued_at = now() WHERE id = ANY(:ids) A
 
 
 def mark_republished(session: Session, batch_ids: list[int]) -> None:
-    """The reconciler's batches given a new message: ``queued`` again, their wait restarted."""
+    """``regen requeue``'s batches given a new message: ``queued`` again, their wait restarted."""
     session.execute(_MARK_REPUBLISHED, {"ids": batch_ids})
+
+
+# Not a status write: the batch stays queued, its wait restarts and the new message is counted.
+_MARK_LOST = text("""
+UPDATE batches SET enqueued_at = now(), republishes = republishes + 1 WHERE id = ANY(:ids) AND status = 'queued'
+RETURNING id""")
+
+
+def mark_message_lost(session: Session, batch_ids: list[int]) -> set[int]:
+    """Queued batches whose message was neither on the queue nor claimed: the ids still queued."""
+    return {r[0] for r in session.execute(_MARK_LOST, {"ids": batch_ids})}
+
+
+# Not a status write either: a delivery acknowledged without work (ledger/docs: stale_deliveries).
+_COUNT_STALE = text("UPDATE batches SET stale_deliveries = stale_deliveries + 1 WHERE id = :batch")
+
+
+def count_stale_delivery(session: Session, batch_id: int) -> None:
+    """A message of a batch that was done, dead or held by another live attempt: counted, not worked."""
+    session.execute(_COUNT_STALE, {"batch": batch_id})
 
 
 _CLAIM = _transition("batches", (_P, _Q, _R), (_R,), """

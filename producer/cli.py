@@ -128,7 +128,7 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
     with ledger(settings) as sessions:
         report = submit_run(sessions, app, store(settings), list(paths), run_name=run_name, config=config,
                             output_url=output_url, batch_size=batch_size, queue=queue,
-                            quality_thresholds=thresholds)
+                            quality_thresholds=thresholds, window=settings.queue_window)
     if as_json:
         click.echo(json.dumps(asdict(report), indent=2))
         return
@@ -141,6 +141,10 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
                    f"({config.parsers.chosen_by})")
     if report.batches_republished:
         click.echo(f"published {report.batches_republished} batches left unpublished by an earlier submit")
+    if report.batches_planned:
+        click.echo(f"{report.batches_published:,} batches published, {report.batches_planned:,} planned: the queue "
+                   f"holds {settings.queue_window:,} messages at most, and the workers' reconciler publishes the rest "
+                   "as it drains")
     for reason, n in sorted(report.reject_reasons.items()):
         click.echo(f"  {reason}: {n}")
 
@@ -166,7 +170,8 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--reconcile-s", type=float, default=_W.reconcile_s, show_default=True,
               help="how often this node offers to requeue lost batches (0: never)")
 @click.option("--requeue-grace-s", type=float, default=_W.requeue_grace_s, show_default=True,
-              help="queued batches wait this long before the reconciler republishes them (broker empty only)")
+              help="a queued batch with no message waiting and none claimed this long after its last "
+                   "one gets a new message from the reconciler")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="engine and worker metrics on this port + process index (0: off)")
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
@@ -229,8 +234,9 @@ def status(run_name: str | None, as_json: bool, watch: bool, interval: float, da
 
     from .monitoring.status import render_status, run_status
 
-    with connect(_settings(database_url)) as conn:
-        runs = run_status(conn, run_name)
+    settings = _settings(database_url)
+    with connect(settings) as conn:
+        runs = run_status(conn, run_name, broker_url=settings.redis_url)
     if run_name and not runs:
         raise RunNotFound(run_name)
     if as_json:
@@ -254,9 +260,9 @@ def requeue(run_name, lease_s, max_attempts, database_url, redis_url) -> None:
     settings = _settings(database_url, redis_url)
     with ledger(settings) as sessions:
         report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s,
-                            max_attempts=max_attempts)
+                            max_attempts=max_attempts, window=settings.queue_window)
     click.echo(f"{report.republished} batches published, {report.expired} lost leases expired "
-               f"({report.dead} of them now dead)")
+               f"({report.dead} of them now dead), {report.topped_up} planned batches published to fill the queue")
 
 
 @main.command()
@@ -338,8 +344,10 @@ def resume(run_name: str, force: bool, lease_s: float, database_url: str | None,
             result = resume_run(s, run_name, force)
         click.echo(result.message)
         if result.status == "active":
-            report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s)
-            click.echo(f"{report.republished} queued batches published again")
+            report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s,
+                                window=settings.queue_window)
+            click.echo(f"{report.republished} queued batches published again, {report.topped_up} planned ones "
+                       "published")
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""``regen submit``: register a dataset as a run, write input shards, enqueue batches.
+"""``regen submit``: register a dataset as a run, write input shards, enqueue batches (up to the window).
 
 The producer streams the input (a 914K-row dataset is never held in memory), and
 works in *groups* of batches so there is no round trip per row or per batch: one dedupe
@@ -14,11 +14,17 @@ again (and nothing is enqueued twice):
 
 1. upload the group's input object (unreferenced objects may be overwritten later);
 2. one transaction: batches (status ``planned``) + samples + rejected rows;
-3. publish the messages, then mark the batches ``queued``.
+3. while the run's queue holds fewer than the window's messages (``REGEN_QUEUE_WINDOW``,
+   10,000), publish the run's planned batches in seq order and mark them ``queued``, in
+   one transaction (ledger/reconcile.py ``top_up``).
+
+Batches beyond the window stay ``planned``: the workers' reconciler publishes them as
+the queue drains, so Redis holds a window of the run, not the run. A run smaller than
+the window is wholly ``queued`` when submit returns.
 
 A rerun skips rows already registered (same sample id from the same source row),
-publishes batches left ``planned`` by a crash between 2 and 3, and appends new
-batches only for new rows.
+publishes planned batches as the window allows (those left by a crash between 2 and 3
+first), and appends new batches only for new rows.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
-from ledger.dispatch import PUBLISH_PIPELINE, BatchMessage, publish_messages
+from ledger.defaults import DEFAULT_QUEUE_WINDOW
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
 from ledger.objects import ObjectStore
+from ledger.reconcile import top_up
 from ledger.runs import RunRecord, get_run
 from ledger.shards import encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
@@ -83,7 +90,11 @@ class SubmitReport:
     rejected: int = 0
     duplicates: int = 0
     batches_new: int = 0
+    #: Planned batches of an earlier submit that this one published (a crash, or the window).
     batches_republished: int = 0
+    #: Batches this submit published (``queued``), and those it left ``planned`` beyond the window.
+    batches_published: int = 0
+    batches_planned: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     #: Seconds spent per phase; reading overlaps the writer's phases, so they add up to more than the wall time.
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -163,8 +174,9 @@ class _Submitter:
     writes each group's input object, then the writer thread commits and publishes it."""
 
     def __init__(self, sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run: RunRecord,
-                 report: SubmitReport):
+                 report: SubmitReport, *, window: int):
         self.sessions, self.app, self.store, self.run, self.report = sessions, app, store, run, report
+        self.window = window
         with sessions() as s:
             self.next_seq = (s.scalar(select(func.max(Batch.seq)).where(Batch.run_id == run.id)) or 0) + 1
         # Sample ids read but not yet committed (the carry of a partial batch, groups in the
@@ -265,13 +277,15 @@ class _Submitter:
                 (r["sample_id"], batch_id, r["source"]["file"], r["source"]["row"])
                 for batch_id, (_, _, rows) in zip(batch_ids, planned, strict=True) for r in rows))
             self._write_rejects(s, rejects)
+            # New work: a finished run is active again now, so that the window takes its batches.
+            transitions.reactivate_run(s, self.run.id)
         with self._ids_lock:
             for _, _, rows in planned:
                 for r in rows:
                     self.unwritten.pop(r["sample_id"], None)
         self.report.batches_new += len(planned)
         self.report.samples_new += sum(len(p[2]) for p in planned)
-        self.publish([(bid, seq, key) for bid, (seq, key, _) in zip(batch_ids, planned, strict=True)])
+        self.publish()
 
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
@@ -290,26 +304,22 @@ class _Submitter:
             self._write_rejects(s, rejects)
         rejects.clear()
 
-    def publish(self, batches: list[tuple[int, int, str]]) -> None:
-        messages = [BatchMessage(run=self.run.name, run_id=self.run.id, batch_id=batch_id, seq=seq, input_key=key)
-                    for batch_id, seq, key in batches]
+    def publish(self) -> int:
+        """Step 3: the run's planned batches, in seq order, as far as the queue's window has room."""
         with self.report.timed("publish"):
-            publish_messages(self.app, messages, queue=self.run.queue)
-        with self.report.timed("ledger_write"), self.sessions.begin() as s:
-            transitions.mark_published(s, [b[0] for b in batches])
+            published = top_up(self.sessions, self.app, window=self.window, run_id=self.run.id)
+        self.report.batches_published += published
+        return published
 
-    def republish_planned(self) -> int:
+    def planned_left(self) -> int:
         with self.sessions() as s:
-            rows = s.execute(select(Batch.id, Batch.seq, Batch.input_key).where(
-                Batch.run_id == self.run.id, Batch.status == BatchStatus.PLANNED.value).order_by(Batch.seq)).all()
-        for i in range(0, len(rows), PUBLISH_PIPELINE):
-            self.publish([(r.id, r.seq, r.input_key) for r in rows[i:i + PUBLISH_PIPELINE]])
-        return len(rows)
+            return s.scalar(select(func.count()).select_from(Batch).where(
+                Batch.run_id == self.run.id, Batch.status == BatchStatus.PLANNED.value)) or 0
 
 
 def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,
                run_name: str, config: RunConfig, output_url: str, batch_size: int, queue: str,
-               quality_thresholds: dict | None = None) -> SubmitReport:
+               quality_thresholds: dict | None = None, window: int = DEFAULT_QUEUE_WINDOW) -> SubmitReport:
     if batch_size <= 0:
         raise ConfigError("--batch-size must be positive")
     if not output_url.startswith("s3://"):
@@ -328,12 +338,14 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
             run = get_run(s, run_id)
         if created:
             store.put(run_manifest_url(run.output_url), encode_manifest(run))
-        submitter = _Submitter(sessions, app, store, run, report)
+        submitter = _Submitter(sessions, app, store, run, report, window=window)
         try:
-            report.batches_republished = submitter.republish_planned()
+            # A paused run publishes nothing: `regen resume` does, and the reconciler then.
+            report.batches_republished = submitter.publish()
             _stream_into_batches(submitter, _samples_from(paths, rejects := [], report), rejects, batch_size)
         finally:
             submitter.close()
+        report.batches_planned = submitter.planned_left()
         if report.batches_new or report.batches_republished:
             with sessions.begin() as s:
                 transitions.reactivate_run(s, run_id)

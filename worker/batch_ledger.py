@@ -56,9 +56,12 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
             if attempt is not None:
                 return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run, input=where)
             if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+                # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
+                transitions.count_stale_delivery(s, batch_id)
                 return Claim(ClaimOutcome.ALREADY_DONE, run=run)
             if record.status == RunStatus.PAUSED.value:
                 return Claim(ClaimOutcome.RUN_PAUSED, run=run)
+            transitions.count_stale_delivery(s, batch_id)
             return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
 
     return retry_db(tx, what=f"claim batch {batch_id}")

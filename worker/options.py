@@ -38,8 +38,8 @@ class WorkerOptions:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
     reconcile_s: float = DEFAULT_RECONCILE_S
-    #: A queued batch is republished by the reconciler only when the broker holds no
-    #: message at all and the batch has waited this long (its message may be in flight).
+    #: A queued batch whose message is neither waiting on its queue nor claimed this long
+    #: after it was published gets a new one from the reconciler (ledger/reconcile.py).
     requeue_grace_s: float = QUEUED_GRACE_S
 
     def held_batches(self, max_num_seqs: int) -> int:

@@ -107,6 +107,21 @@ def _hold_adaptively(app, runtime: WorkerRuntime, start: int) -> int:
     return policy.ceiling
 
 
+#: Test only (tests/faults/test_unclaimed_deliveries.py): messages reserved per thread with a
+#: fixed --concurrency, so a worker holds deliveries it has not claimed, as a thread pool
+#: busier than its prefetch does. Never set it on a farm: the extra messages only wait.
+TEST_PREFETCH_ENV = "REGEN_TEST_PREFETCH_MULTIPLIER"
+
+
+def _prefetch_multiplier() -> str:
+    value = os.environ.get(TEST_PREFETCH_ENV, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"{TEST_PREFETCH_ENV} must be a positive whole number, got {value!r}")
+    if value != "1":
+        log.warning("%s=%s: reserving %s messages per thread (a test setting)", TEST_PREFETCH_ENV, value, value)
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     engine_args = parse_engine_args(args.engine_arg)
@@ -153,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
              f"; grown up to {threads} when the engine runs short of work" if threads > held else ", fixed")
     app.worker_main([
         "worker", "--pool", "threads", "--concurrency", str(threads), "--hostname", options.name,
-        "--queues", ",".join(options.queues), "--prefetch-multiplier", "1", "--without-gossip",
+        "--queues", ",".join(options.queues), "--prefetch-multiplier", _prefetch_multiplier(), "--without-gossip",
         "--without-mingle", "--task-events", "--loglevel", args.loglevel,
     ])
 

@@ -120,8 +120,12 @@ class WorkerRuntime:
 
             while not self.shutting_down.wait(self.options.reconcile_s):
                 try:
+                    # The farm runs one pass per interval, however many workers offer one (a
+                    # little less than ours: the offers of one worker drift by its pass's length).
                     reconcile_once(self.sessions, app, lease_s=self.options.lease_s,
-                                   max_attempts=self.options.max_attempts, grace_s=self.options.requeue_grace_s)
+                                   max_attempts=self.options.max_attempts, grace_s=self.options.requeue_grace_s,
+                                   window=self.settings.queue_window, min_interval_s=0.8 * self.options.reconcile_s,
+                                   worker=self.options.name)
                 except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
                     log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
 

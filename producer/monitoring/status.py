@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from ledger.defaults import DEFAULT_QUEUE_WINDOW, QUEUED_GRACE_S
 from ledger.reads import fetch_dicts, fetch_rows
 from ledger.runs import list_runs
 from ledger.states import BatchStatus, Quality, SampleStatus
@@ -39,7 +40,51 @@ def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id})}
 
 
-def run_status(conn: Any, run_name: str | None = None) -> list[dict]:
+#: Queued batches looked up on the broker at most (ledger/reconcile.py reads as many waiting ids).
+BROKER_CHECK_LIMIT = 4 * DEFAULT_QUEUE_WINDOW
+
+
+def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *,
+                   grace_s: float = QUEUED_GRACE_S) -> dict:
+    """Messages of a run that the ledger counts: stale deliveries, republished ones, and queued batches
+    with no message waiting on the queue ``grace_s`` after their last one (a stall, if nothing republishes them).
+
+    Each query reads a partial index (migration 0007): the few batches with a second message,
+    the queued batches past the grace period. Redis is asked only when there are such
+    batches (redis-py is imported then only); ``queued_without_message`` is None when it
+    cannot be told (no broker URL, the broker unreachable, or a queue too long to read).
+    """
+    ((stale, republishes),) = fetch_rows(conn,
+        "SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
+        "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)", {"run": run_id})
+    old = [r[0] for r in fetch_rows(conn,
+        "SELECT id FROM batches WHERE run_id = %(run)s AND status = 'queued' "
+        "AND enqueued_at < now() - make_interval(secs => %(grace)s) LIMIT %(n)s",
+        {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
+    without: int | None = 0
+    if old:
+        without = None
+        if broker_url is not None:
+            import redis
+
+            from ledger.broker import ready_batch_ids
+
+            try:
+                client = redis.Redis.from_url(broker_url, socket_timeout=5)
+                try:
+                    waiting = ready_batch_ids(client, queue, limit=BROKER_CHECK_LIMIT)
+                finally:
+                    client.close()
+            except redis.RedisError:
+                waiting = None
+            if waiting is not None:
+                without = sum(1 for i in old if i not in waiting)
+    return {"stale_deliveries": int(stale), "republishes": int(republishes), "queued_without_message": without,
+            "grace_s": grace_s}
+
+
+def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None = None) -> list[dict]:
+    """Every figure of ``regen status`` per run; ``broker_url``: look up stalled queued batches on Redis too."""
     runs = list_runs(conn, run_name)
     now = datetime.now(timezone.utc)
     out = []
@@ -106,6 +151,7 @@ def run_status(conn: Any, run_name: str | None = None) -> list[dict]:
             # Added for issue 6 (estimates): total tokens projected from the samples done so far.
             "projection": token_projection(conn, rid, samples, recent[0] / window_s if recent[2] else 0.0),
             "batch_errors": batch_errors,
+            "broker": broker_figures(conn, rid, run.queue, broker_url),
             "workers": [{**w, "heartbeat_at": w["heartbeat_at"].isoformat() if w["heartbeat_at"] else None,
                          "samples": int(w["samples"] or 0)} for w in workers],
         })
@@ -133,6 +179,21 @@ def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float)
     return {"mean_completion_tokens": round(mean, 1), "completion_tokens_total": total,
             "completion_tokens_remaining": remaining,
             "eta_s": round(remaining / tokens_per_s) if tokens_per_s > 0 and remaining else None}
+
+
+def _broker_lines(r: dict) -> list[str]:
+    m = r.get("broker") or {}
+    lines = []
+    if m.get("queued_without_message"):
+        lines.append(f"  STALLED   {m['queued_without_message']:,} queued batches have no message on queue {r['queue']} "
+                     f"and none claimed {m['grace_s']:.0f} s after their last one: a live worker's reconciler "
+                     "republishes them within a pass; if none runs, `regen requeue --run NAME`")
+    elif m.get("queued_without_message") is None and m:
+        lines.append(f"  broker    could not tell whether queue {r['queue']} holds the queued batches' messages")
+    if m.get("stale_deliveries") or m.get("republishes"):
+        lines.append(f"  messages  {m.get('republishes', 0):,} republished (lost, or held by a worker that died), "
+                     f"{m.get('stale_deliveries', 0):,} stale deliveries acknowledged without work")
+    return lines
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -171,6 +232,7 @@ def render_status(runs: list[dict]) -> str:
             lines.append("  failed    " + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
         for e in r["batch_errors"]:
             lines.append(f"  batch {e['seq']} [{e['status']}, {e['failures']} failures]: {str(e['error'])[:160]}")
+        lines.extend(_broker_lines(r))
         for w in r["workers"]:
             lines.append(f"  worker {w['worker']}: {w['batches']} running")
         lines.append(f"  output    {r['output']}")

@@ -54,13 +54,19 @@ def test_a_submit_that_could_not_publish_is_finished_by_running_it_again(setting
     data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(10)])
     args = ["submit", str(data), "--run", "r", "--model", "m", "--output", f"{s3_bucket}/r", "--batch-size", "4",
             "--json"]
-    # The broker is down: rows and shards are committed, the batches stay planned.
+    # The broker is down: the submit stops before registering anything.
     broken = run_cli(args, {**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=False)
     assert broken.returncode != 0
     with sessions() as s:
-        assert dict(s.execute(text("SELECT status, count(*) FROM batches GROUP BY status")).all()) == {"planned": 3}
+        assert s.execute(text("SELECT count(*) FROM batches")).scalar() == 0
+    # A window of one message: the rest stays planned, and the next submit publishes it.
+    first = json.loads(run_cli(args, {**env, "REGEN_QUEUE_WINDOW": "1"}).stdout)
+    assert (first["batches_new"], first["batches_published"], first["batches_planned"]) == (3, 1, 2)
+    with sessions() as s:
+        assert dict(s.execute(text("SELECT status, count(*) FROM batches GROUP BY status")).all()) == {
+            "queued": 1, "planned": 2}
     again = json.loads(run_cli(args, env).stdout)
-    assert again["batches_republished"] == 3 and again["samples_new"] == 0 and again["samples_known"] == 10
+    assert again["batches_republished"] == 2 and again["samples_new"] == 0 and again["samples_known"] == 10
     assert redis_lib.Redis.from_url(settings.redis_url).llen("regen") == 3
     with sessions() as s:
         assert dict(s.execute(text("SELECT status, count(*) FROM batches GROUP BY status")).all()) == {"queued": 3}

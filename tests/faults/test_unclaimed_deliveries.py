@@ -1,0 +1,119 @@
+"""A node dies holding deliveries it never claimed: another worker generates them within 2 minutes (issue 27).
+
+Worker a reserves three messages per thread (a test-only setting,
+``REGEN_TEST_PREFETCH_MULTIPLIER``): two batches run, the rest of its deliveries wait in
+its thread pool, unclaimed, as they do on a node whose pool is busier than its prefetch.
+Its whole process tree is SIGKILLed. Its claimed batches come back by their leases; the
+unclaimed ones are ``queued`` in the ledger with their messages in Redis's ``unacked``
+hash, which Redis hands back only after the 6-hour visibility timeout. With regen's
+default grace period and reconciler interval, worker b must claim each of them within
+2 minutes of the kill, and the run ends with every sample exactly once. Then an old
+message of a's (what the visibility timeout would hand back) is acknowledged by b
+without work and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis as redis_lib
+from sqlalchemy import text
+
+from ledger.broker import UNACKED_KEY
+from ledger.defaults import QUEUED_GRACE_S
+from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
+from tests.fixtures.fault_report import account
+from tests.support.helpers import cli_env, run_cli, wait_for
+from worker.options import WorkerOptions
+from worker.process import TEST_PREFETCH_ENV
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+RECOVERY_BOUND_S = 120.0
+
+
+def _unacked(settings) -> dict[int, bytes]:
+    """Batch id -> the raw entry of every delivered, unacknowledged message."""
+    client = redis_lib.Redis.from_url(settings.redis_url)
+    out = {}
+    for raw in client.hvals(UNACKED_KEY):
+        payload = json.loads(raw)[0]
+        out[payload["headers"]["regen_batch"]] = raw
+    return out
+
+
+def _queued(sessions, ids) -> set[int]:
+    with sessions() as s:
+        return set(s.execute(text("SELECT id FROM batches WHERE id = ANY(:ids) AND status = 'queued'"),
+                             {"ids": list(ids)}).scalars())
+
+
+def _claimed_by(sessions, ids, worker_suffix: str) -> set[int]:
+    with sessions() as s:
+        return set(s.execute(text("SELECT id FROM batches WHERE id = ANY(:ids) AND attempts >= 1 "
+                                  "AND worker LIKE :w AND status IN ('running', 'done')"),
+                             {"ids": list(ids), "w": f"%@{worker_suffix}"}).scalars())
+
+
+def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_two_minutes(
+        settings, s3_env, s3_bucket, sessions, start_worker, tmp_path, fault_report):
+    defaults = WorkerOptions(name="")
+    assert defaults.requeue_grace_s + 2 * defaults.reconcile_s < RECOVERY_BOUND_S, "the defaults cannot meet it"
+    env = cli_env(settings, s3_env)
+    # 8 batches: b takes 2, a 6 (2 claimed, 4 waiting for a thread), so none waits on the queue
+    # and b's capacity, not the queue, decides when the 4 run.
+    expected = write_prompts(tmp_path / "held.jsonl", 32, prefix="h")
+    a = start_worker("a", concurrency=2, env={TEST_PREFETCH_ENV: "3"})
+    b = start_worker("b", concurrency=2)
+    logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
+    a.wait_ready()
+    b.wait_ready()
+    run_cli(["submit", str(tmp_path / "held.jsonl"), "--run", "held", "--model", a.model, "--output",
+             f"{s3_bucket}/held", "--batch-size", "4", "--max-tokens", "64", "--seed", "7",
+             "--quality-thresholds", '{"gate_overridden": true}'], env)
+
+    def stranded() -> set[int]:
+        return _queued(sessions, _unacked(settings))   # delivered, not claimed: a's pool holds them
+
+    wait_for(lambda: running_on(sessions, "held", "a") >= 1 and len(stranded()) >= 2, timeout_s=180,
+             what="a holding deliveries it has not claimed", interval_s=0.2, on_timeout=logs)
+    time.sleep(1)  # a has taken what its prefetch allows
+    held_by_a = stranded()
+    a_messages = _unacked(settings)
+    a.kill_all()  # the node is gone: launcher, worker process and engine at once
+    killed_at = time.monotonic()
+    held_by_a = _queued(sessions, held_by_a)  # a may have claimed one in its last moment
+    assert len(held_by_a) >= 2
+
+    wait_for(lambda: _claimed_by(sessions, held_by_a, "b") == held_by_a, timeout_s=300,
+             what="b claiming a's unclaimed deliveries", interval_s=0.5,
+             on_timeout=lambda: f"{batches_by_status(sessions, 'held')}\n{logs()}")
+    back_s = time.monotonic() - killed_at
+    assert back_s < RECOVERY_BOUND_S, f"{len(held_by_a)} unclaimed deliveries took {back_s:.0f} s to be claimed"
+
+    wait_for(lambda: settled(sessions, "held"), timeout_s=600, what="every batch settled", interval_s=1,
+             on_timeout=lambda: f"{batches_by_status(sessions, 'held')}\n{b.log()[-4000:]}")
+    with sessions() as s:
+        republished = s.execute(text("SELECT coalesce(sum(republishes), 0) FROM batches WHERE id = ANY(:ids)"),
+                                {"ids": list(held_by_a)}).scalar()
+    assert republished >= len(held_by_a)
+
+    # What the visibility timeout does six hours later: a's old messages back on the queue.
+    client = redis_lib.Redis.from_url(settings.redis_url)
+    old = [a_messages[i] for i in held_by_a]
+    for raw in old:
+        client.lpush("regen", json.dumps(json.loads(raw)[0]))
+    wait_for(lambda: _stale(sessions, held_by_a) >= len(old), timeout_s=60, what="b acknowledging a's old messages",
+             interval_s=0.5, on_timeout=logs)
+    row = fault_report(f"SIGKILL a holding {len(held_by_a)} unclaimed deliveries: claimed elsewhere in "
+                       f"{back_s:.0f} s (grace {QUEUED_GRACE_S:.0f} s)", account(sessions, "held", expected_ids=expected))
+    assert row.lost == 0 and row.dup_ledger == 0 and row.dup_outputs == 0
+    assert row.done == row.expected == 32
+
+
+def _stale(sessions, ids) -> int:
+    with sessions() as s:
+        return s.execute(text("SELECT coalesce(sum(stale_deliveries), 0) FROM batches WHERE id = ANY(:ids)"),
+                         {"ids": list(ids)}).scalar()
