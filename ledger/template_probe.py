@@ -48,6 +48,9 @@ class TemplateFormat:
     thinking_arg: str | None
     #: "switch", "always" (the prompt opens a thought whatever is passed) or "never".
     thinking: str
+    #: How the template takes a call's arguments: "object" (a dict, transformers' convention) or
+    #: "json" (a JSON string it concatenates, as DeepSeek's templates do).
+    call_arguments: str = "object"
 
     def modes(self) -> tuple[str, ...]:
         """The ``--thinking`` modes this template can render."""
@@ -70,12 +73,13 @@ def _call_message(arguments: Any) -> list[dict]:
             {"role": "tool", "tool_call_id": "call_0", "name": _NAME, "content": "regen probe result"}]
 
 
-def _rendered_call(template: str) -> str:
-    """The probe conversation rendered; arguments as a dict (transformers' convention), else as a JSON string."""
+def _rendered_call(template: str) -> tuple[str, str]:
+    """The probe conversation rendered, and the arguments' form it took: a dict (transformers' convention),
+    else a JSON string."""
     try:
-        return _render(template, _call_message(dict(_ARGS)), tools=[_TOOL], generation=False)
+        return _render(template, _call_message(dict(_ARGS)), tools=[_TOOL], generation=False), "object"
     except Exception:  # noqa: BLE001 - a template that concatenates arguments as text (DeepSeek's)
-        return _render(template, _call_message(json.dumps(_ARGS)), tools=[_TOOL], generation=False)
+        return _render(template, _call_message(json.dumps(_ARGS)), tools=[_TOOL], generation=False), "json"
 
 
 def _tool_format(rendered: str) -> tuple[str, str] | None:
@@ -135,18 +139,16 @@ def probe_template(template: str) -> TemplateFormat | None:
     except Exception:  # noqa: BLE001 - a template that cannot render a plain chat is of no known format
         return None
     try:
-        call = _tool_format(_rendered_call(template))
+        rendered_call, call_arguments = _rendered_call(template)
     except Exception:  # noqa: BLE001 - no tool support: the family comes from the prompt
-        call = None
+        rendered_call, call_arguments = "", "object"
+    call = _tool_format(rendered_call)
     family = call[0] if call else _family_of_prompt(plain)
     if family is None:
         return None
     arg = next((a for a in THINKING_ARGS if switched[a][0] != switched[a][1]), None)
     prompts = [plain, *(p for a in THINKING_ARGS for p in switched[a])]
-    try:
-        thought_rendered = f"{THINK_START}{_THOUGHT}" in _rendered_call(template).replace("\n", "")
-    except Exception:  # noqa: BLE001
-        thought_rendered = False
+    thought_rendered = f"{THINK_START}{_THOUGHT}" in rendered_call.replace("\n", "")
     thinks = thought_rendered or any(prompt_thought(p) for p in prompts)
     if arg is not None and thinks:
         thinking = "switch"
@@ -159,4 +161,25 @@ def probe_template(template: str) -> TemplateFormat | None:
         pair = _REASONING.get(family)
         reasoning = None if pair is None else pair[0] if thinking == "switch" else pair[1]
     return TemplateFormat(family=family, reasoning=reasoning, tool=call[1] if call else None,
-                          thinking_arg=arg, thinking=thinking)
+                          thinking_arg=arg, thinking=thinking, call_arguments=call_arguments)
+
+
+def as_template_takes(messages: list[dict], call_arguments: str) -> list[dict]:
+    """``messages`` with each call's arguments in the form the template takes (a JSON string for "json")."""
+    if call_arguments != "json":
+        return messages
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [_json_arguments(call) for call in calls]}
+        out.append(message)
+    return out
+
+
+def _json_arguments(call: dict) -> dict:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        return call
+    return {**call, "function": {**function, "arguments": json.dumps(arguments, ensure_ascii=False)}}

@@ -16,7 +16,7 @@ import hashlib
 from typing import Any
 
 from ledger.parsers import AUTO, NONE, recorded_parsers, resolve_auto
-from ledger.template_probe import probe_template
+from ledger.template_probe import TemplateFormat, as_template_takes, probe_template
 
 from .dialogue import SampleError
 from .turn_parsers import TurnParser, load_turn_parser
@@ -33,18 +33,23 @@ class Renderer:
         self._template = template
         self._names: dict[tuple[str | None, str | None], tuple[str | None, str | None]] = {}
         self._parsers: dict[tuple[str | None, str | None, str | None], TurnParser] = {}
-        self._probed: tuple[str | None] | None = None
+        self._probed: tuple[TemplateFormat | None] | None = None
+
+    @property
+    def template_format(self) -> TemplateFormat | None:
+        """What rendering the loaded template shows (ledger/template_probe.py); None: of no known format."""
+        if self._probed is None:
+            self._probed = (probe_template(self._template) if self._template else None,)
+        return self._probed[0]
 
     def thinking_arg_for(self, sampling: dict) -> str | None:
         """The chat-template argument that switches thinking: the run's, or the loaded template's."""
         recorded = sampling.get("thinking_arg", AUTO)
         if recorded != AUTO:
             return None if recorded == NONE else recorded
-        if self._probed is None:
-            found = probe_template(self._template) if self._template else None
-            # A template of no known format keeps transformers' name for it.
-            self._probed = (found.thinking_arg if found else "enable_thinking",)
-        return self._probed[0]
+        found = self.template_format
+        # A template of no known format keeps transformers' name for it.
+        return found.thinking_arg if found else "enable_thinking"
 
     def parser_for(self, sampling: dict) -> TurnParser:
         """The parsers the run's record names; the template's where it says AUTO (or names none: an older run)."""
@@ -63,6 +68,9 @@ class Renderer:
     def render(self, messages: list[dict], tools: list[dict] | None, *, thinking: bool,
                thinking_arg: str | None = "enable_thinking") -> list[int]:
         switch = {thinking_arg: thinking} if thinking_arg else {}
+        # regen keeps arguments as objects; a template that concatenates them as text gets JSON.
+        found = self.template_format
+        messages = as_template_takes(messages, found.call_arguments if found else "object")
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False,
