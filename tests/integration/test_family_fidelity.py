@@ -11,9 +11,10 @@ export loads in SpecForge's and speculators' loaders. Qwen3's suite is test_fide
 
 The same suite runs on real targets' published templates (tests/data/templates) swapped
 into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking mix`` run,
-switched by its ``thinking`` argument) and GLM-4.5's (mix too). The tiny DeepSeek model
-writes R1's call format, not V3.1's, so V3.1's calls are tested on completions in its real
-format instead (test_published_templates.py); here its thinking switch and rendering are.
+switched by its ``thinking`` argument) and GLM-4.5's (mix too). R1's published template
+renders no tool list, and the tiny DeepSeek model writes R1's call format, not V3.1's, so
+those two templates' calls are tested on completions in their real format instead
+(test_published_templates.py); here their parsers, thinking switch and rendering are.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Case:
     thinking: str | None = None        # --thinking; None: the template's default
     #: (reasoning, tool) parsers submit must choose; None: the family's own (worker/tiny/families.py).
     parsers: tuple[str | None, str | None] | None = None
-    #: Whether the tiny model writes the template's call format (it was trained on regen's own).
-    writes_calls: bool = True
+    #: Why the tiny model (trained on regen's own template) makes no calls this template's parser reads;
+    #: None: it does. Such a template's calls are read on completions in its real format instead.
+    no_calls_because: str | None = None
 
     @property
     def id(self) -> str:
@@ -56,9 +58,10 @@ class Case:
 
 CASES = (
     Case("llama3"), Case("deepseek_r1"), Case("glm45"),
-    Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3")),
+    Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3"),
+         no_calls_because="R1's published template renders no tool list, so the tiny model is offered none"),
     Case("deepseek_r1", "deepseek_v31.jinja", thinking="mix", parsers=("deepseek_v3", "deepseek_v31"),
-         writes_calls=False),
+         no_calls_because="the tiny model writes R1's call format, not V3.1's"),
     Case("glm45", "glm45.jinja", thinking="mix"),
 )
 
@@ -216,8 +219,8 @@ def test_thoughts_are_split_off_where_the_family_thinks(family):
 
 def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
     case, _, _, rows = family
-    if not case.writes_calls:
-        pytest.skip("the tiny model writes R1's call format; V3.1's is read in test_published_templates.py")
+    if case.no_calls_because:
+        pytest.skip(f"{case.no_calls_because}; its calls are read in test_published_templates.py")
     calls = spliced = 0
     for row in rows:
         if not row["tools"]:
