@@ -66,20 +66,30 @@ def _render(template: str, messages: list[dict], *, tools: list[dict] | None = N
     return rendered[0]
 
 
-def _call_message(arguments: Any) -> list[dict]:
+def _call_message(arguments: Any, content: str | None) -> list[dict]:
     call = {"id": "call_0", "type": "function", "function": {"name": _NAME, "arguments": arguments}}
     return [{"role": "user", "content": "Where is Zzyzx?"},
-            {"role": "assistant", "content": None, "reasoning_content": _THOUGHT, "tool_calls": [call]},
+            {"role": "assistant", "content": content, "reasoning_content": _THOUGHT, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "name": _NAME, "content": "regen probe result"}]
 
 
+#: The forms a call is tried in: arguments as a dict (transformers' convention) or a JSON string (DeepSeek's
+#: templates concatenate them), the turn's text as None (R1 renders calls only then) or "" (Qwen3 needs text).
+_CALL_FORMS = (("object", None), ("object", ""), ("json", None), ("json", ""))
+
+
 def _rendered_call(template: str) -> tuple[str, str]:
-    """The probe conversation rendered, and the arguments' form it took: a dict (transformers' convention),
-    else a JSON string."""
-    try:
-        return _render(template, _call_message(dict(_ARGS)), tools=[_TOOL], generation=False), "object"
-    except Exception:  # noqa: BLE001 - a template that concatenates arguments as text (DeepSeek's)
-        return _render(template, _call_message(json.dumps(_ARGS)), tools=[_TOOL], generation=False), "json"
+    """The probe conversation rendered in the first form the template renders a call from, and that form's
+    arguments ("object" or "json"); ("", "object") when it renders none."""
+    for form, content in _CALL_FORMS:
+        arguments = dict(_ARGS) if form == "object" else json.dumps(_ARGS)
+        try:
+            rendered = _render(template, _call_message(arguments, content), tools=[_TOOL], generation=False)
+        except Exception:  # noqa: BLE001 - this form is not the template's
+            continue
+        if _tool_format(rendered) is not None:
+            return rendered, form
+    return "", "object"
 
 
 def _tool_format(rendered: str) -> tuple[str, str] | None:
@@ -138,10 +148,7 @@ def probe_template(template: str) -> TemplateFormat | None:
                           _render(template, user, generation=True, **{arg: False})) for arg in THINKING_ARGS}
     except Exception:  # noqa: BLE001 - a template that cannot render a plain chat is of no known format
         return None
-    try:
-        rendered_call, call_arguments = _rendered_call(template)
-    except Exception:  # noqa: BLE001 - no tool support: the family comes from the prompt
-        rendered_call, call_arguments = "", "object"
+    rendered_call, call_arguments = _rendered_call(template)
     call = _tool_format(rendered_call)
     family = call[0] if call else _family_of_prompt(plain)
     if family is None:

@@ -49,6 +49,11 @@ def v31(tiny_family_model):
 
 
 @pytest.fixture(scope="module")
+def qwen(tiny_family_model):
+    return _renderer(tiny_family_model, "qwen3", "qwen3.jinja")
+
+
+@pytest.fixture(scope="module")
 def glm(tiny_family_model):
     return _renderer(tiny_family_model, "glm45", "glm45.jinja")
 
@@ -127,4 +132,21 @@ def test_glm45_switches_with_enable_thinking_and_its_xml_calls_are_read(glm):
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
         ("get_weather", {"city": "Paris"})]
     split, _ = _parse(glm, off_ids, "\nIt is sunny.", thinking=True, end="<|user|>")
+    assert (split.reasoning_content, split.content) == (None, "It is sunny.")
+
+
+def test_qwen3_switches_with_enable_thinking_and_its_json_calls_are_read_by_hermes(qwen):
+    assert qwen.thinking_arg_for(SAMPLING) == "enable_thinking"
+    parser = qwen.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("qwen3", "hermes")
+    on_ids, on = _prompt(qwen, thinking=True, tools=WEATHER)
+    off_ids, off = _prompt(qwen, thinking=False, tools=WEATHER)
+    assert on.endswith("<|im_start|>assistant\n") and off.endswith("<think>\n\n</think>\n\n")
+    split, calls = _parse(qwen, on_ids, "<think>\nParis.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+                          "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", thinking=True, end="<|im_end|>",
+                          tools=WEATHER)
+    assert split.reasoning_content == "Paris."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    split, _ = _parse(qwen, off_ids, "It is sunny.", thinking=True, end="<|im_end|>")
     assert (split.reasoning_content, split.content) == (None, "It is sunny.")
