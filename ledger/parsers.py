@@ -5,10 +5,10 @@ thought, answer and tool calls the way the target's serving stack splits it:
 regen uses vLLM's own parser classes, under the names ``vllm serve`` takes
 (``--reasoning-parser qwen3 --tool-call-parser hermes``). ``regen submit`` takes
 them as ``--reasoning-parser`` / ``--tool-parser``; without them the choice is
-read off the model's chat template, because each family's wire format writes
-markers no other family writes (``<arg_key>`` is GLM-4.5's, ``<｜tool▁sep｜>``
-DeepSeek's). A template regen cannot place is an error that names the choices:
-guessing a parser would silently turn every tool call into answer text.
+found by rendering the model's chat template (ledger/template_probe.py: a probe
+call's wire format, where the thought goes, what the generation prompt ends with).
+A template regen cannot place is an error that names the choices: guessing a parser
+would silently turn every tool call into answer text.
 
 The names are checked against the list below (vLLM 0.26 to 0.33's registries), so
 a typo fails at submit, on a machine without vLLM; the worker then loads the class
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .template_probe import probe_template
 
 #: "No parser": a family that does not think, or a run whose target calls no tools.
 NONE = "none"
@@ -63,36 +64,6 @@ class ParserChoice:
         return {"reasoning_parser": self.reasoning or NONE, "tool_parser": self.tool or NONE}
 
 
-def _family_of(template: str) -> tuple[str, str | None, str | None] | None:
-    """(family, reasoning parser, tool parser) from the markers the template writes; None if unknown.
-
-    Most specific first: a DeepSeek or GLM template also writes ``<think>``, a Qwen one
-    ``<tool_call>`` like GLM's, so the checks run in this order.
-    """
-    thinks = "<think>" in template
-    if "<｜tool▁sep｜>" in template or "<｜Assistant｜>" in template:
-        # V3/R1 write "function<｜tool▁sep｜>NAME" then a ```json block; V3.1+ write NAME<｜tool▁sep｜>ARGS.
-        tool = "deepseek_v3" if "function<｜tool▁sep｜>" in template else "deepseek_v31"
-        return "deepseek", "deepseek_r1" if thinks else None, tool
-    if "<arg_key>" in template:
-        return "glm45", "glm45" if thinks else None, "glm45"
-    if "<|tool_calls_section_begin|>" in template:
-        return "kimi_k2", "kimi_k2" if thinks else None, "kimi_k2"
-    if "<|start_header_id|>" in template:
-        return "llama3", None, "llama3_json"
-    if "<|header_start|>" in template:
-        return "llama4", None, "llama4_pythonic"
-    if "[TOOL_CALLS]" in template:
-        return "mistral", "mistral" if "[THINK]" in template else None, "mistral"
-    if "<|channel|>" in template:
-        return "gpt-oss", "openai_gptoss", "openai"
-    if "<|im_start|>" in template:
-        # Qwen3 writes JSON calls (hermes); Qwen3.5/3.6 and Qwen3-Coder the XML form.
-        tool = ("qwen3_coder" if "<function=" in template else "hermes") if "<tool_call>" in template else None
-        return "qwen3", "qwen3" if thinks else None, tool
-    return None
-
-
 def chat_template_of(model_dir: str | Path) -> str | None:
     """The chat template a local model directory ships (tokenizer_config.json or its own file); None if none."""
     root = Path(model_dir)
@@ -118,11 +89,11 @@ def chat_template_of(model_dir: str | Path) -> str | None:
 
 
 def parsers_for_template(template: str) -> ParserChoice | None:
-    found = _family_of(template)
+    """The parsers of the family the template renders (ledger/template_probe.py); None if of no known format."""
+    found = probe_template(template)
     if found is None:
         return None
-    family, reasoning, tool = found
-    return ParserChoice(reasoning, tool, f"template: {family}")
+    return ParserChoice(found.reasoning, found.tool, f"template: {found.family}")
 
 
 def choose_parsers(model: str, *, reasoning: str | None = None, tool: str | None = None,

@@ -38,7 +38,8 @@ _RUN_CONFIG_OPTIONS = (
     click.option("--top-p", type=float, default=None),
     click.option("--top-k", type=int, default=None),
     click.option("--seed", type=int, default=None, help="run seed; each generation's seed derives from it"),
-    click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default="on", show_default=True),
+    click.option("--thinking", type=click.Choice(["on", "off", "mix"]), default=None,
+                 help="default: on where the model's template thinks, off where it never does"),
     click.option("--thinking-off-share", type=float, default=None, help="with --thinking mix: share of samples "
                  "generated without thinking (default 0.5)"),
     click.option("--reasoning-parser", default=None, help="vLLM's reasoning parser, as `vllm serve` names it "

@@ -15,7 +15,8 @@ from pathlib import Path
 from ledger.errors import ConfigError
 from ledger.hashing import config_hash
 from ledger.model_path import resolve_model
-from ledger.parsers import ParserChoice, choose_parsers
+from ledger.parsers import AUTO, ParserChoice, chat_template_of, choose_parsers
+from ledger.template_probe import TemplateFormat, probe_template
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -61,33 +62,41 @@ class RunConfig:
     model_files: dict = field(default_factory=dict)
     #: vLLM's reasoning and tool parsers that read the output (ledger/parsers.py); None: recorded without.
     parsers: ParserChoice | None = None
+    #: The chat-template argument that switches thinking (``enable_thinking``, ``thinking``), found by
+    #: rendering the template (ledger/template_probe.py); "none": nothing switches it; AUTO: the workers'.
+    thinking_arg: str = "enable_thinking"
 
     def as_record(self) -> dict:
         """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash."""
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
-                "thinking_off_share": self.thinking_off_share,
+                "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
                 **(self.parsers.as_record() if self.parsers else {})}
 
     @property
     def hash(self) -> str:
-        return config_hash({"model": self.model, "sampling": self.as_record(), "model_files": self.model_files})
+        # thinking_arg follows from the template, which model_files already hash: left out, so a run
+        # recorded before it was found keeps its hash.
+        record = {k: v for k, v in self.as_record().items() if k != "thinking_arg"}
+        return config_hash({"model": self.model, "sampling": record, "model_files": self.model_files})
 
 
 def build_run_config(model: str, *, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
-                     top_k: int | None = None, seed: int | None = None, thinking: str = "on",
+                     top_k: int | None = None, seed: int | None = None, thinking: str | None = None,
                      thinking_off_share: float | None = None, reasoning_parser: str | None = None,
                      tool_parser: str | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
-    if thinking not in THINKING_MODES:
+    if thinking is not None and thinking not in THINKING_MODES:
         raise ConfigError(f"--thinking must be one of {', '.join(THINKING_MODES)}")
+    resolved = resolve_model(model)
+    template_format, thinking_arg = _template_format(resolved)
+    thinking = _thinking_mode(resolved, thinking, template_format)
     if thinking == "mix":
         share = 0.5 if thinking_off_share is None else thinking_off_share
     else:
         share = 1.0 if thinking == "off" else 0.0
     if not 0.0 <= share <= 1.0:
         raise ConfigError("--thinking-off-share must be between 0 and 1")
-    resolved = resolve_model(model)
     sampling = {**ENGINE_DEFAULTS, **generation_defaults(resolved)}
     for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
         if value is not None:
@@ -97,4 +106,29 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
     parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
-                     model_files=model_fingerprint(resolved), parsers=parsers)
+                     model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg)
+
+
+def _template_format(model: str) -> tuple[TemplateFormat | None, str]:
+    """What the model's template renders, and its thinking argument as recorded (AUTO: the workers find it)."""
+    if not Path(model).is_dir():
+        return None, AUTO
+    template = chat_template_of(model)
+    found = probe_template(template) if template else None
+    if found is None:  # a template of no known format (its parsers named): thinking as transformers names it
+        return None, "enable_thinking"
+    return found, found.thinking_arg or "none"
+
+
+def _thinking_mode(model: str, asked: str | None, found: TemplateFormat | None) -> str:
+    """``--thinking`` as asked, or the template's default; a mode the template cannot render is refused."""
+    if found is None:
+        return asked or "on"
+    if asked is None:
+        return "off" if found.thinking == "never" else "on"
+    if asked not in found.modes():
+        how = {"always": "always thinks (its generation prompt opens a thought whatever is passed)",
+               "never": "never thinks (no chat-template argument opens a thought)"}[found.thinking]
+        raise ConfigError(f"--thinking {asked} cannot be rendered by {model}'s chat template: it {how}; "
+                          f"choose --thinking {' or '.join(found.modes())}")
+    return asked

@@ -117,8 +117,9 @@ class _Reject:
 
 
 def _provenance(config: RunConfig) -> dict:
-    """What the run was made from: the model's files, and how its parsers were chosen (named, or the template's)."""
-    out: dict = {"model_files": config.model_files}
+    """What the run was made from: the model's files, how its parsers were chosen (named, or the template's), and
+    the chat-template argument that switches its thinking (found by rendering the template)."""
+    out: dict = {"model_files": config.model_files, "thinking_arg": config.thinking_arg}
     if config.parsers is not None:
         out["parsers"] = {**config.parsers.as_record(), "chosen_by": config.parsers.chosen_by}
     return out

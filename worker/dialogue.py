@@ -190,9 +190,11 @@ class _Walk:
             # model) still leaves the earlier turns valid, on-policy training data.
             return f"{e.reason}: {e.detail}"
 
-        split, parsed = self.parser.parse(generation, thinking=self.thinking, tools=self.tools, turn=turn)
+        # The prompt decides whether the completion starts in a thought (turn_parsers.py).
+        thinking = self.parser.thinking_after(generation.prompt_token_ids, self.thinking)
+        split, parsed = self.parser.parse(generation, thinking=thinking, tools=self.tools, turn=turn)
         self.context.append(_assistant_message(split, parsed))
-        counts = _count_reasoning(generation.token_ids, self.thinking, self.think_end_id)
+        counts = _count_reasoning(generation.token_ids, thinking, self.think_end_id)
         self.events.append(_event(turn, len(self.context) - 1, generation, split, parsed, counts))
 
         if generation.finish_reason == "length":

@@ -47,9 +47,10 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     run_seed = int(sampling.get("seed", 0))
 
     parser = renderer.parser_for(sampling)
+    thinking_arg = renderer.thinking_arg_for(sampling)
 
     def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return renderer.render(messages, tools, thinking=thinking)
+        return renderer.render(messages, tools, thinking=thinking, thinking_arg=thinking_arg)
 
     # An optional per-sample budget (bench/throughput.py's long-tailed lengths) can only
     # lower the run's max_tokens, never raise it.

@@ -5,6 +5,10 @@ the code ``vllm serve`` runs for that target), so a turn is split the way the ta
 is served, for any family vLLM serves. regen keeps its own rules around them, the
 same for every family:
 
+* the prompt decides: one that already closed the thought (thinking off: ``</think>``
+  last) leaves a completion that is all answer, whatever the reasoning parser's default;
+  one that opened it (``<think>`` last) leaves a completion that is thought until its
+  end marker (``thinking_after``);
 * a thought cut off by max_tokens (no end marker) is all thought: nothing of it may
   become the answer, whatever the parser would make of it;
 * a turn rendered without thinking is all answer;
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledger.errors import RegenError
+from ledger.template_probe import prompt_thought
 
 from .parsing import ReasoningSplit, ToolCallParse, parse_tool_calls, split_reasoning
 
@@ -58,8 +63,22 @@ class TurnParser(Protocol):
     #: The id that ends a thought (to count reasoning tokens by id), when the family thinks.
     think_end_id: int | None
 
+    def thinking_after(self, prompt_ids: list[int], thinking: bool) -> bool: ...
+
     def parse(self, generation: Any, *, thinking: bool, tools: list[dict] | None,
               turn: int) -> tuple[ReasoningSplit, ToolCallParse]: ...
+
+
+#: Prompt ids decoded to see how it ends (a think tag and the template's newlines).
+_PROMPT_TAIL_IDS = 6
+
+
+def _thinking_after(tokenizer: Any, prompt_ids: list[int], thinking: bool) -> bool:
+    """Whether the completion of this prompt starts inside a thought: as the prompt's end says, else ``thinking``."""
+    if tokenizer is None or not prompt_ids:
+        return thinking
+    state = prompt_thought(tokenizer.decode(list(prompt_ids[-_PROMPT_TAIL_IDS:]), skip_special_tokens=False))
+    return thinking if state is None else state == "opened"
 
 
 class RegenQwenParser:
@@ -69,6 +88,9 @@ class RegenQwenParser:
         self.description = {"reasoning": reasoning, "tool": tool, "by": "regen"}
         self.tokenizer = tokenizer
         self.think_end_id = tokenizer.get_vocab().get("</think>") if tokenizer is not None else None
+
+    def thinking_after(self, prompt_ids: list[int], thinking: bool) -> bool:
+        return _thinking_after(self.tokenizer, prompt_ids, thinking)
 
     def parse(self, generation: Any, *, thinking: bool, tools: list[dict] | None,
               turn: int) -> tuple[ReasoningSplit, ToolCallParse]:
@@ -93,14 +115,18 @@ class _Markers:
 class VllmTurnParser:
     """vLLM's reasoning and tool parser classes, by their ``vllm serve`` names, with regen's rules around them."""
 
-    def __init__(self, tokenizer: Any, *, reasoning: str | None, tool: str | None):
+    def __init__(self, tokenizer: Any, *, reasoning: str | None, tool: str | None,
+                 thinking_arg: str | None = None):
         import vllm
 
-        from .vllm_compat import chat_request_class, reasoning_parser_class, tool_parser_class
+        from .vllm_compat import chat_request_class, tool_parser_class
 
         self.tokenizer = tokenizer
         self._request_class = chat_request_class()
-        self._reasoning = reasoning_parser_class(reasoning)(tokenizer) if reasoning else None
+        # The parser reads a thinking turn: told so the way the template is (deepseek_v3 reads
+        # chat_template_kwargs' thinking / enable_thinking; without it, it reads no thought at all).
+        # A turn without thinking never reaches it (_split).
+        self._reasoning = _reasoning_parser(reasoning, tokenizer, thinking_arg) if reasoning else None
         self._tool = tool_parser_class(tool)(tokenizer) if tool else None
         self.description = {"reasoning": reasoning, "tool": tool, "by": f"vllm {vllm.__version__}"}
         self._markers = _Markers(
@@ -120,8 +146,12 @@ class VllmTurnParser:
         logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)
         logging.getLogger("vllm.entrypoints.openai.tool_parsers").setLevel(logging.CRITICAL)
 
+    def thinking_after(self, prompt_ids: list[int], thinking: bool) -> bool:
+        return _thinking_after(self.tokenizer, prompt_ids, thinking)
+
     def parse(self, generation: Any, *, thinking: bool, tools: list[dict] | None,
               turn: int) -> tuple[ReasoningSplit, ToolCallParse]:
+        thinking = self.thinking_after(generation.prompt_token_ids, thinking)
         text = self._text(generation)
         request = self._request(tools)
         split = self._split(text, request, thinking=thinking, finish_reason=generation.finish_reason)
@@ -202,14 +232,15 @@ class VllmTurnParser:
                              unterminated=finish_reason == "length")
 
 
-def load_turn_parser(tokenizer: Any, *, reasoning: str | None, tool: str | None) -> TurnParser:
+def load_turn_parser(tokenizer: Any, *, reasoning: str | None, tool: str | None,
+                     thinking_arg: str | None = None) -> TurnParser:
     """The parser of a run's output: vLLM's classes by name; regen's Qwen parser if vLLM has none at all.
 
     Raises:
         ParserUnavailable: This vLLM does not have a named parser (and regen's own does not cover it).
     """
     try:
-        return VllmTurnParser(tokenizer, reasoning=reasoning, tool=tool)
+        return VllmTurnParser(tokenizer, reasoning=reasoning, tool=tool, thinking_arg=thinking_arg)
     except ImportError as e:
         if reasoning in _REGEN_REASONING and tool in _REGEN_TOOL:
             log.warning("vLLM's parser modules cannot be imported here (%s); reading output with regen's own "
@@ -220,6 +251,18 @@ def load_turn_parser(tokenizer: Any, *, reasoning: str | None, tool: str | None)
     except KeyError as e:
         raise ParserUnavailable(f"this worker's vLLM has no parser {e}: the run needs reasoning parser "
                                 f"{reasoning!r}, tool parser {tool!r}") from e
+
+
+def _reasoning_parser(name: str, tokenizer: Any, thinking_arg: str | None) -> Any:
+    from .vllm_compat import reasoning_parser_class
+
+    cls = reasoning_parser_class(name)
+    if thinking_arg is None:
+        return cls(tokenizer)
+    try:
+        return cls(tokenizer, chat_template_kwargs={thinking_arg: True})
+    except TypeError:  # a vLLM whose parsers take no keyword arguments
+        return cls(tokenizer)
 
 
 def _extract_reasoning(parser: Any, text: str, request: Any) -> tuple[str | None, str | None]:

@@ -8,6 +8,13 @@ rendering of its context; thoughts and calls come back as structured messages re
 that family's vLLM parsers; the source's tool results follow the model's own calls;
 loss masks are exact; every regenerated turn is the model's own text; and the tokens
 export loads in SpecForge's and speculators' loaders. Qwen3's suite is test_fidelity.py.
+
+The same suite runs on real targets' published templates (tests/data/templates) swapped
+into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking mix`` run,
+switched by its ``thinking`` argument) and GLM-4.5's (mix too). R1's published template
+renders no tool list, and the tiny DeepSeek model writes R1's call format, not V3.1's, so
+those two templates' calls are tested on completions in their real format instead
+(test_published_templates.py); here their parsers, thinking switch and rendering are.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,7 +35,35 @@ from tests.support.fidelity import assert_prompts_are_fresh_renderings
 pytestmark = pytest.mark.engine
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
-FAMILIES = ("llama3", "deepseek_r1", "glm45")
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of the suite: a family's tiny model, with its own template or a published one swapped in."""
+
+    family: str
+    template: str | None = None        # a file in tests/data/templates; None: regen's own
+    thinking: str | None = None        # --thinking; None: the template's default
+    #: (reasoning, tool) parsers submit must choose; None: the family's own (worker/tiny/families.py).
+    parsers: tuple[str | None, str | None] | None = None
+    #: Why the tiny model (trained on regen's own template) makes no calls this template's parser reads;
+    #: None: it does. Such a template's calls are read on completions in its real format instead.
+    no_calls_because: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}+{self.template.removesuffix('.jinja')}" if self.template else self.family
+
+
+CASES = (
+    Case("llama3"), Case("deepseek_r1"), Case("glm45"),
+    Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3"),
+         no_calls_because="R1's published template renders no tool list, so the tiny model is offered none"),
+    Case("deepseek_r1", "deepseek_v31.jinja", thinking="mix", parsers=("deepseek_v3", "deepseek_v31"),
+         no_calls_because="the tiny model writes R1's call format, not V3.1's"),
+    Case("glm45", "glm45.jinja", thinking="mix"),
+)
 
 
 def _conversations(limit_per_file: int = 12) -> list[dict]:
@@ -50,9 +86,18 @@ def _conversations(limit_per_file: int = 12) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+def _swap_template(model: Path, template: Path) -> None:
+    """Put a published template in the model's tokenizer_config.json (and no other template file)."""
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = template.read_text()
+    (model / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
+    for other in ("chat_template.jinja", "chat_template.json"):
+        (model / other).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: case.id)
 def family(request, tmp_path_factory):
-    """(name, model dir, run record, rows): one engine per family, closed before the next starts."""
+    """(case, model dir, run record, rows): one engine per case, closed before the next starts."""
     from producer.run_config import build_run_config
     from tests.fixtures.worker import TEST_ENGINE_ENV
     from worker.engine import EngineHost
@@ -60,11 +105,15 @@ def family(request, tmp_path_factory):
     from worker.rendering import Renderer
     from worker.tiny.family_model import build_tiny_model
 
-    name = request.param
-    model = build_tiny_model(tmp_path_factory.mktemp("families") / name, variant="trained", family=name)
+    case = request.param
+    name = case.family
+    model = build_tiny_model(tmp_path_factory.mktemp("families") / case.id, variant="trained", family=name)
+    if case.template:
+        _swap_template(model, PUBLISHED / case.template)
     for key, value in TEST_ENGINE_ENV.items():
         os.environ.setdefault(key, value)
-    config = build_run_config(str(model), max_tokens=160, seed=11, thinking="on")   # parsers: none named
+    # Parsers and thinking argument: none named, found by rendering the template.
+    config = build_run_config(str(model), max_tokens=160, seed=11, thinking=case.thinking)
     host = EngineHost(model=str(model), engine_args={"max_model_len": 4096})
     host.start()
     try:
@@ -75,11 +124,15 @@ def family(request, tmp_path_factory):
         rows = host.submit(generate_batch(host, renderer, _conversations(), run)).result(timeout=900)
     finally:
         host.shutdown()
-    return name, model, config, rows
+    return case, model, config, rows
 
 
 @pytest.fixture(scope="module")
 def fresh_tokenizer(family):
+    return family_tokenizer(family)
+
+
+def family_tokenizer(family):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(family[1])
@@ -92,8 +145,9 @@ def _assistant_turns(row):
 def test_submit_chose_the_familys_own_vllm_parsers_and_each_row_says_so(family):
     from worker.tiny.families import FAMILIES as SPECS
 
-    name, _, config, rows = family
-    expected = (SPECS[name]["reasoning_parser"], SPECS[name]["tool_parser"])
+    case, _, config, rows = family
+    name = case.family
+    expected = case.parsers or (SPECS[name]["reasoning_parser"], SPECS[name]["tool_parser"])
     assert (config.parsers.reasoning, config.parsers.tool) == expected
     assert config.parsers.chosen_by == f"template: {name.split('_')[0]}"
     assert config.as_record()["tool_parser"] == expected[1]
@@ -128,13 +182,33 @@ def test_every_regenerated_turn_is_the_models_own_text(family, fresh_tokenizer):
     assert seen >= len(rows)
 
 
+def test_the_thinking_switch_is_honoured_as_the_template_says(family):
+    """Thinking on: the prompt leaves the thought open (or to the model); off: it has closed it, and the turn is
+    all answer. A mix run has both, through the template's own argument (V3.1's ``thinking``)."""
+    from ledger.template_probe import prompt_thought
+
+    case, _, config, rows = family
+    tokenizer = family_tokenizer(family)
+    modes = Counter(row["thinking"] for row in rows)
+    if config.thinking == "mix":
+        assert modes[True] and modes[False], modes
+    for row in rows:
+        for message, event in _assistant_turns(row):
+            tail = prompt_thought(tokenizer.decode(event["prompt_token_ids"][-6:], skip_special_tokens=False))
+            if row["thinking"] and config.parsers.reasoning:
+                assert tail != "closed", (row["sample_id"], event["turn"])
+            elif config.parsers.reasoning:
+                assert tail == "closed", (row["sample_id"], event["turn"])
+                assert message.get("reasoning_content") is None and event["reasoning_tokens"] == 0
+
+
 def test_thoughts_are_split_off_where_the_family_thinks(family):
-    name, _, config, rows = family
-    thoughts = [m.get("reasoning_content") for row in rows for m, _ in _assistant_turns(row)]
+    case, _, config, rows = family
+    thoughts = [m.get("reasoning_content") for row in rows if row["thinking"] for m, _ in _assistant_turns(row)]
     if config.parsers.reasoning is None:
-        assert all(t is None for t in thoughts)
+        assert all(m.get("reasoning_content") is None for row in rows for m, _ in _assistant_turns(row))
         return
-    assert sum(bool(t) for t in thoughts) >= len(rows) // 2, thoughts
+    assert sum(bool(t) for t in thoughts) >= len(thoughts) // 2, thoughts
     for row in rows:
         for message, event in _assistant_turns(row):
             content = message.get("content") or ""
@@ -144,7 +218,9 @@ def test_thoughts_are_split_off_where_the_family_thinks(family):
 
 
 def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
-    _, _, _, rows = family
+    case, _, _, rows = family
+    if case.no_calls_because:
+        pytest.skip(f"{case.no_calls_because}; its calls are read in test_published_templates.py")
     calls = spliced = 0
     for row in rows:
         if not row["tools"]:
@@ -171,7 +247,8 @@ def test_the_tokens_export_loads_in_specforge_and_speculators(family, sessions, 
                                                              tmp_path):
     from producer.results.export import export_run
 
-    name, model, config, rows = family
+    case, model, config, rows = family
+    name = case.id.replace("+", "-").replace(".", "")
     fr.build_run_from_rows(sessions, store_for_family, s3_bucket, rows, name=f"exp-{name}", model=str(model),
                            config_hash=config.hash, sampling=config.as_record())
     manifest = export_run(sessions, store_for_family, [f"exp-{name}"], "tokens", tmp_path / "tok", include_all=True)

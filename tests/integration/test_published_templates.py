@@ -1,0 +1,152 @@
+"""Real targets' published chat templates, read the way their own serving stack reads them.
+
+Each published template (tests/data/templates, SOURCES.md) is swapped into the tokenizer
+of its family's tiny model (the family's special tokens, as in the real tokenizer). With no
+parser named, the worker's Renderer chooses the parsers and the thinking argument by
+rendering the template; prompts end as the template says for thinking on and off; and
+completions written in the real format, as engine ids, are split by vLLM's parsers the way
+the prompt says: a prompt that closed the thought leaves all answer, one that opened it
+leaves thought up to ``</think>`` (reasoning cut short where it never comes).
+No engine runs here: the completions are the published format, not what a tiny model writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.dialogue import Generation
+
+pytest.importorskip("vllm")
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+#: AUTO parsers and thinking argument: a run submitted for a model the producer could not read.
+SAMPLING = {"reasoning_parser": "auto", "tool_parser": "auto", "thinking_arg": "auto"}
+
+
+def _renderer(tiny_family_model, family: str, template: str):
+    from transformers import AutoTokenizer
+
+    from worker.rendering import Renderer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_family_model(family))
+    tokenizer.chat_template = (PUBLISHED / template).read_text()
+    return Renderer(tokenizer, 4096)
+
+
+@pytest.fixture(scope="module")
+def r1(tiny_family_model):
+    return _renderer(tiny_family_model, "deepseek_r1", "deepseek_r1.jinja")
+
+
+@pytest.fixture(scope="module")
+def v31(tiny_family_model):
+    return _renderer(tiny_family_model, "deepseek_r1", "deepseek_v31.jinja")
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_family_model):
+    return _renderer(tiny_family_model, "qwen3", "qwen3.jinja")
+
+
+@pytest.fixture(scope="module")
+def glm(tiny_family_model):
+    return _renderer(tiny_family_model, "glm45", "glm45.jinja")
+
+
+def _prompt(renderer, *, thinking: bool, messages=None, tools=None) -> tuple[list[int], str]:
+    messages = messages or [{"role": "user", "content": "What is the weather in Paris?"}]
+    ids = renderer.render(messages, tools, thinking=thinking, thinking_arg=renderer.thinking_arg_for(SAMPLING))
+    return ids, renderer.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _parse(renderer, prompt_ids, text: str, *, thinking: bool, end: str | None, finish: str = "stop", tools=None):
+    tokenizer = renderer.tokenizer
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stop = None
+    if finish == "stop" and end:
+        # As the engine reports a stop token: its id last, and as the stop reason.
+        stop = tokenizer.convert_tokens_to_ids(end)
+        ids.append(stop)
+    generation = Generation(prompt_token_ids=prompt_ids, token_ids=ids, finish_reason=finish, stop_reason=stop)
+    return renderer.parser_for(SAMPLING).parse(generation, thinking=thinking, tools=tools, turn=0)
+
+
+def test_r1_always_thinks_and_its_calls_are_read_by_deepseek_v3(r1):
+    parser = r1.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("deepseek_r1", "deepseek_v3")
+    assert r1.thinking_arg_for(SAMPLING) is None
+    ids, text = _prompt(r1, thinking=True, tools=WEATHER)
+    assert text.endswith("<｜Assistant｜><think>\n")
+    split, calls = _parse(r1, ids, "The user wants Paris.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+                          "function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>"
+                          "<｜tool▁calls▁end｜>", thinking=True, end="<｜end▁of▁sentence｜>", tools=WEATHER)
+    assert split.reasoning_content == "The user wants Paris."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert not calls.errors
+
+
+def test_v31_renders_thinking_on_and_off_through_its_thinking_argument(v31):
+    assert v31.thinking_arg_for(SAMPLING) == "thinking"
+    parser = v31.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("deepseek_v3", "deepseek_v31")
+    on_ids, on = _prompt(v31, thinking=True)
+    off_ids, off = _prompt(v31, thinking=False)
+    assert on.endswith("<｜Assistant｜><think>") and off.endswith("<｜Assistant｜></think>")
+
+    eos = "<｜end▁of▁sentence｜>"
+    split, _ = _parse(v31, on_ids, "Paris is in France.</think>It is sunny.", thinking=True, end=eos)
+    assert (split.reasoning_content, split.content) == ("Paris is in France.", "It is sunny.")
+    # Off: the prompt closed the thought; the whole completion is the answer, even if the row says thinking.
+    for flag in (False, True):
+        split, _ = _parse(v31, off_ids, "It is sunny.", thinking=flag, end=eos)
+        assert (split.reasoning_content, split.content) == (None, "It is sunny."), flag
+    # On, cut off before </think>: reasoning cut short, no answer.
+    split, _ = _parse(v31, on_ids, "Paris is in", thinking=True, end=None, finish="length")
+    assert (split.reasoning_content, split.content, split.truncated_in_reasoning) == ("Paris is in", "", True)
+
+
+def test_v31_calls_are_read_by_deepseek_v31(v31):
+    off_ids, _ = _prompt(v31, thinking=False, tools=WEATHER)
+    _, calls = _parse(v31, off_ids, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                      "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", thinking=False,
+                      end="<｜end▁of▁sentence｜>", tools=WEATHER)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+
+
+def test_glm45_switches_with_enable_thinking_and_its_xml_calls_are_read(glm):
+    assert glm.thinking_arg_for(SAMPLING) == "enable_thinking"
+    on_ids, on = _prompt(glm, thinking=True, tools=WEATHER)
+    off_ids, off = _prompt(glm, thinking=False, tools=WEATHER)
+    assert on.endswith("<|assistant|>") and off.endswith("<|assistant|>\n<think></think>")
+    split, calls = _parse(glm, on_ids, "\n<think>Paris, then.</think>\n<tool_call>get_weather\n<arg_key>city"
+                          "</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", thinking=True,
+                          end="<|observation|>", tools=WEATHER)
+    assert split.reasoning_content == "Paris, then."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    split, _ = _parse(glm, off_ids, "\nIt is sunny.", thinking=True, end="<|user|>")
+    assert (split.reasoning_content, split.content) == (None, "It is sunny.")
+
+
+def test_qwen3_switches_with_enable_thinking_and_its_json_calls_are_read_by_hermes(qwen):
+    assert qwen.thinking_arg_for(SAMPLING) == "enable_thinking"
+    parser = qwen.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("qwen3", "hermes")
+    on_ids, on = _prompt(qwen, thinking=True, tools=WEATHER)
+    off_ids, off = _prompt(qwen, thinking=False, tools=WEATHER)
+    assert on.endswith("<|im_start|>assistant\n") and off.endswith("<think>\n\n</think>\n\n")
+    split, calls = _parse(qwen, on_ids, "<think>\nParis.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+                          "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", thinking=True, end="<|im_end|>",
+                          tools=WEATHER)
+    assert split.reasoning_content == "Paris."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    split, _ = _parse(qwen, off_ids, "It is sunny.", thinking=True, end="<|im_end|>")
+    assert (split.reasoning_content, split.content) == (None, "It is sunny.")

@@ -1,0 +1,61 @@
+"""The thinking switch of a run: the template's own argument, found by rendering; modes it cannot render refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ledger.errors import ConfigError
+from producer.run_config import build_run_config
+from producer.submit import _provenance
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"
+OWN = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates"
+
+
+def _model(tmp_path: Path, template: Path) -> str:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template.read_text()}))
+    return str(tmp_path)
+
+
+def test_deepseek_v31_is_switched_by_its_thinking_argument_and_records_it(tmp_path):
+    config = build_run_config(_model(tmp_path, PUBLISHED / "deepseek_v31.jinja"), max_tokens=8, thinking="mix")
+    record = config.as_record()
+    assert (record["thinking"], record["thinking_off_share"], record["thinking_arg"]) == ("mix", 0.5, "thinking")
+    assert (record["reasoning_parser"], record["tool_parser"]) == ("deepseek_v3", "deepseek_v31")
+    assert _provenance(config)["thinking_arg"] == "thinking"
+
+
+def test_glm_and_qwen_switch_with_enable_thinking(tmp_path):
+    for name, template in (("glm", PUBLISHED / "glm45.jinja"), ("qwen", OWN / "qwen3_chat.jinja")):
+        (tmp_path / name).mkdir()
+        config = build_run_config(_model(tmp_path / name, template), max_tokens=8, thinking="off")
+        assert (config.thinking, config.thinking_arg) == ("off", "enable_thinking")
+
+
+def test_an_always_thinking_template_refuses_off_and_mix(tmp_path):
+    model = _model(tmp_path, PUBLISHED / "deepseek_r1.jinja")
+    for mode in ("off", "mix"):
+        with pytest.raises(ConfigError, match=rf"--thinking {mode} cannot be rendered .* always thinks.*choose --thinking on"):
+            build_run_config(model, max_tokens=8, thinking=mode)
+    config = build_run_config(model, max_tokens=8)   # the default: what the template does
+    assert (config.thinking, config.thinking_arg, config.parsers.tool) == ("on", "none", "deepseek_v3")
+
+
+def test_a_template_that_never_thinks_refuses_on_and_defaults_to_off(tmp_path):
+    model = _model(tmp_path, OWN / "llama3_chat.jinja")
+    with pytest.raises(ConfigError, match=r"--thinking on cannot be rendered .* never thinks.*choose --thinking off"):
+        build_run_config(model, max_tokens=8, thinking="on")
+    config = build_run_config(model, max_tokens=8)
+    assert (config.thinking, config.thinking_off_share, config.thinking_arg) == ("off", 1.0, "none")
+
+
+def test_the_thinking_argument_is_no_part_of_the_config_hash(tmp_path):
+    """It follows from the template (hashed in model_files): a run recorded before it was found keeps its hash."""
+    config = build_run_config(_model(tmp_path, OWN / "qwen3_chat.jinja"), max_tokens=8)
+    from dataclasses import replace
+
+    assert replace(config, thinking_arg="auto").hash == config.hash
+    assert replace(config, thinking="off").hash != config.hash
