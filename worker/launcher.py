@@ -1,7 +1,6 @@
 """``regen worker``: one worker process per GPU group on this node, supervised.
 
-The launcher owns each child's process group and tags every process of it
-(worker/reaper.py's environment marker): when a child dies (even by SIGKILL,
+The launcher owns each child's session (and tags it, worker/reaper.py): when a child dies (even by SIGKILL,
 leaving vLLM's engine processes orphaned and holding memory) the launcher kills
 the rest of its processes, then restarts it with back-off. On SIGTERM/SIGINT it
 forwards SIGTERM to every child (each hands its in-flight batches back to the
@@ -25,7 +24,8 @@ from ledger.dispatch import DEFAULT_QUEUE
 from ledger.errors import ConfigError
 from ledger.orphans import die_with_parent
 
-from .reaper import TAG_ENV, kill_tagged
+from . import reaper
+from .reaper import TAG_ENV
 
 log = logging.getLogger("regen.launcher")
 
@@ -149,6 +149,7 @@ class _Reaper:
         self.launch_id = launch_id
         self.proc: subprocess.Popen | None = None
         self._write_end: int | None = None
+        self._sessions: set[int] = set()
 
     def start(self) -> None:
         read_end, self._write_end = os.pipe()  # both close-on-exec: no child but the reaper holds one
@@ -158,6 +159,24 @@ class _Reaper:
         self.proc = subprocess.Popen([sys.executable, "-m", "worker.reaper", self.launch_id], stdin=read_end,
                                      env=env, start_new_session=True)
         os.close(read_end)
+        for sid in self._sessions:
+            self._say(f"+{sid}")
+
+    def _say(self, line: str) -> None:
+        if self._write_end is None:
+            return
+        try:
+            os.write(self._write_end, f"{line}\n".encode())
+        except OSError:  # the reaper died: keep_alive starts another and tells it every session
+            pass
+
+    def watch(self, session: int) -> None:
+        self._sessions.add(session)
+        self._say(f"+{session}")
+
+    def forget(self, session: int) -> None:
+        self._sessions.discard(session)
+        self._say(f"-{session}")
 
     def keep_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -196,15 +215,17 @@ class Launcher:
         env = {**child.plan.env, LAUNCHER_PID_ENV: str(os.getpid()), TAG_ENV: child.tag}
         child.proc = subprocess.Popen(list(child.plan.argv), env=env, start_new_session=True,
                                       preexec_fn=die_with_parent)
+        self.reaper.watch(child.proc.pid)  # its session id: what the reaper stops should we die
         child.started_at = time.monotonic()
         log.info("started %s (pid %d, devices %s)", child.plan.name, child.proc.pid,
                  ",".join(child.plan.devices) or "cpu")
 
     def _on_exit(self, child: _Child, code: int) -> None:
         assert child.proc is not None
-        _kill_group(child.proc.pid, signal.SIGKILL)  # reap orphaned engine processes
-        if leftovers := kill_tagged(child.tag):
+        # Reap orphaned engine processes: the rest of its session, and anything carrying its tag.
+        if leftovers := reaper.kill(child.tag, {child.proc.pid}):
             log.warning("%s left %d processes behind; killed them", child.plan.name, leftovers)
+        self.reaper.forget(child.proc.pid)
         ran_s = time.monotonic() - child.started_at
         child.proc = None
         if self.stopping:

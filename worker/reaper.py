@@ -1,19 +1,27 @@
 """Nothing a launcher started outlives it, however the launcher goes (issue 27).
 
-The launcher (worker/launcher.py) tags every worker process it starts with an
-environment marker, ``REGEN_WORKER_TAG=<launch id>/<child>``, and every process the
-worker starts inherits it: vLLM's engine core (forked or spawned), its executor
-workers, torch's compile workers. Beside its workers the launcher starts this
-reaper, a tiny process in a session of its own whose stdin is the read end of a
-pipe; the launcher holds the only write end and never writes. When the launcher is
-gone, by SIGKILL, the OOM killer or a crash, the kernel closes that end and the
-reaper's read returns EOF. The reaper then stops every process carrying the
-launch id (``stop_tagged``) and exits:
+The launcher (worker/launcher.py) starts each worker process in a session of its
+own; every process the worker starts stays in that session (vLLM's engine core,
+forked or spawned, its executor workers, torch's compile workers: none calls
+setsid). Beside its workers the launcher starts this reaper, a tiny process in a
+session of its own whose stdin is the read end of a pipe; the launcher holds the
+only write end, and writes ``+<session>`` when it starts a worker and
+``-<session>`` once it has reaped one. When the launcher is gone, by SIGKILL, the
+OOM killer or a crash, the kernel closes that end and the reaper's read returns
+EOF. The reaper then stops every process of those sessions (``stop``) and exits:
 
-1. SIGTERM to each worker process (a tagged session leader whose parent is not
-   tagged): it hands its batches back and shuts its engine down, as on preemption;
-2. once those have exited, or after ``REAP_GRACE_S``, SIGKILL to every tagged
-   process and every process group one of them leads, until none is left.
+1. SIGTERM to each worker process (a session's leader): it hands its batches
+   back and shuts its engine down, as on preemption;
+2. once those have exited, or after ``REAP_GRACE_S``, SIGKILL to every process
+   of the sessions, until none is left.
+
+A session id is not reused while any process of it lives, so the reaper cannot
+hit another launcher's processes. Every worker also carries an environment tag,
+``REGEN_WORKER_TAG=<launch id>/<child>``, inherited by what it starts: it covers a
+launcher killed between starting a worker and writing its session, and a process
+that left the session. The tag alone is not enough: ``setproctitle`` (vLLM's
+engine core, Celery) overwrites /proc/<pid>/environ, so a titled process no longer
+shows it.
 
 Why a separate process, not a signal handler or PR_SET_PDEATHSIG alone: vLLM's
 engine core ignores SIGTERM until its model is loaded (it only records it); a
@@ -22,9 +30,6 @@ C call; PDEATHSIG fires when the *thread* that forked the child exits (AsyncLLM
 forks its engine from regen's event-loop thread) and is lost if the parent dies
 between fork and prctl. The reaper needs nothing from the processes it stops, and
 cannot become an orphan itself: it exits once they are gone, within 20 s.
-
-Processes are found by their tag alone, never by name: other launchers on the node
-(one per GPU set, or a second farm) carry other launch ids and are left alone.
 """
 
 from __future__ import annotations
@@ -47,10 +52,9 @@ _NEEDLE = f"{TAG_ENV}=".encode()
 
 
 @dataclass(frozen=True)
-class Tagged:
+class Proc:
     pid: int
     ppid: int
-    pgrp: int
     session: int
 
 
@@ -66,13 +70,16 @@ def _tag_of(pid: int) -> str | None:
     return None
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
+def _stat(pid: int) -> Proc | None:
+    """The process, None when it is gone or a zombie (dead already, waiting for its parent)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return Proc(pid, ppid=int(fields[1]), session=int(fields[3]))
 
 
 def matches(tag: str, key: str) -> bool:
@@ -80,45 +87,47 @@ def matches(tag: str, key: str) -> bool:
     return tag == key or tag.startswith(key + "/")
 
 
-def tagged_processes(key: str) -> dict[int, Tagged]:
-    """Every live (not zombie) process of this machine whose tag matches ``key``, but this one."""
+def _scan(key: str, sessions: set[int]) -> dict[int, Proc]:
     me = os.getpid()
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
-        pid = int(name)
-        tag = _tag_of(pid)
-        if tag is None or not matches(tag, key):
+        proc = _stat(int(name))
+        if proc is None:
             continue
-        stat = _stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        found[pid] = Tagged(pid, *stat[1:])
+        if proc.session in sessions or ((tag := _tag_of(proc.pid)) is not None and matches(tag, key)):
+            found[proc.pid] = proc
     return found
 
 
-def _signal(pid: int, sig: int, *, group: bool = False) -> None:
+def processes_of(key: str, sessions: set[int]) -> dict[int, Proc]:
+    """Every live process of these sessions or tagged ``key``, and of the sessions tagged ones lead.
+
+    ``sessions`` grows with those found, so a session whose leader has died since is still
+    followed by the next call.
+    """
+    found = _scan(key, sessions)
+    led = {p.session for p in found.values() if p.pid == p.session} - sessions
+    if led:
+        sessions |= led
+        found = _scan(key, sessions)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
     try:
-        (os.killpg if group else os.kill)(pid, sig)
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def kill_tagged(key: str, *, for_s: float = KILL_FOR_S) -> int:
-    """SIGKILL every process tagged ``key`` and the groups they lead, until none is left.
-
-    A group is killed as well so that a process which dropped the tag from its
-    environment still goes with its group. Returns how many processes were killed.
-    """
+def kill(key: str, sessions: set[int], *, for_s: float = KILL_FOR_S) -> int:
+    """SIGKILL every process of ``sessions`` or tagged ``key`` until none is left; how many were killed."""
     deadline = time.monotonic() + for_s
     killed: set[int] = set()
-    groups: set[int] = set()
     while True:
-        procs = tagged_processes(key)
-        groups |= {p.pgrp for p in procs.values() if p.pgrp == p.pid}
-        for pgrp in groups:
-            _signal(pgrp, signal.SIGKILL, group=True)
+        procs = processes_of(key, sessions)
         for pid in procs:
             _signal(pid, signal.SIGKILL)
         killed |= set(procs)
@@ -127,26 +136,45 @@ def kill_tagged(key: str, *, for_s: float = KILL_FOR_S) -> int:
         time.sleep(_POLL_S / 2)
 
 
-def stop_tagged(key: str, *, grace_s: float = REAP_GRACE_S) -> int:
-    """SIGTERM the worker processes tagged ``key``, wait for them up to ``grace_s``, then SIGKILL all.
+def stop(key: str, sessions: set[int], *, grace_s: float = REAP_GRACE_S) -> int:
+    """SIGTERM the worker processes, wait for them up to ``grace_s``, then SIGKILL everything left.
 
-    Only a worker process (a session leader whose parent is not tagged) gets the
+    Only a worker process (the leader of a session the launcher named) gets the
     graceful SIGTERM; an engine left behind by a worker that is already gone has no
-    one to hand batches back and is killed at once. Returns how many processes were found.
+    one to hand batches back and is killed at once, and so is a worker the launcher
+    died too soon to name (it has just started: no batch, no engine yet). Returns
+    how many processes were found.
     """
-    procs = tagged_processes(key)
+    started = set(sessions)  # the launcher's worker processes: each leads the session it was started in
+    procs = processes_of(key, sessions)
     if not procs:
         return 0
-    workers = [p.pid for p in procs.values() if p.session == p.pid and p.ppid not in procs]
+    workers = [pid for pid in procs if pid in started]
     for pid in workers:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while workers and time.monotonic() < deadline:
-        alive = tagged_processes(key)
+        alive = processes_of(key, sessions)
         workers = [pid for pid in workers if pid in alive]
         if workers:
             time.sleep(_POLL_S)
-    return max(len(procs), kill_tagged(key))
+    return max(len(procs), kill(key, sessions))
+
+
+def read_sessions(fd: int) -> set[int]:
+    """Follow the launcher's ``+sid``/``-sid`` lines until EOF; the sessions it left running.
+
+    A line cut short by the launcher's death is ignored: its worker still carries the tag.
+    """
+    sessions: set[int] = set()
+    pending = b""
+    while chunk := os.read(fd, 4096):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line[:1] in (b"+", b"-") and line[1:].isdigit():
+                (sessions.add if line[:1] == b"+" else sessions.discard)(int(line[1:]))
+    return sessions
 
 
 def main(argv: list[str]) -> int:
@@ -156,11 +184,10 @@ def main(argv: list[str]) -> int:
     # take the reaper first: it is what cleans up should the launcher then die uncleanly.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    while os.read(0, 4096):  # nothing is ever written: only EOF, the launcher gone, ends this
-        pass
-    found = stop_tagged(key, grace_s=grace_s)
+    sessions = read_sessions(0)  # returns at EOF: the launcher is gone, or done
+    found = stop(key, sessions, grace_s=grace_s)
     if found:
-        print(f"regen reaper: the launcher is gone; stopped {found} processes tagged {key}", file=sys.stderr,
+        print(f"regen reaper: launcher {key} is gone; stopped the {found} processes it left", file=sys.stderr,
               flush=True)
     return 0
 
