@@ -1,11 +1,12 @@
 """``regen worker``: one worker process per GPU group on this node, supervised.
 
-The launcher owns each child's session (and tags it, worker/reaper.py): when a child dies (even by SIGKILL,
+The launcher owns each child's session: when a child dies (even by SIGKILL,
 leaving vLLM's engine processes orphaned and holding memory) the launcher kills
-the rest of its processes, then restarts it with back-off. On SIGTERM/SIGINT it
+the rest of its session, then restarts it with back-off. On SIGTERM/SIGINT it
 forwards SIGTERM to every child (each hands its in-flight batches back to the
-broker), waits, and reaps the groups. Should the launcher itself die (SIGKILL, the
-OOM killer), its reaper process stops every tagged process within 20 s.
+broker), waits, and reaps the sessions. Should the launcher itself die (SIGKILL,
+the OOM killer), its reaper (worker/reaper.py) stops every process of its
+children's sessions within 20 s.
 """
 
 from __future__ import annotations
@@ -205,9 +206,9 @@ class Launcher:
         self.reaper = _Reaper(self.launch_id)
 
     def _start(self, child: _Child) -> None:
-        # A new session: the child and every engine process it spawns share one group we can kill.
-        # The tag, inherited by every process it starts, is what the reaper finds them by should this
-        # launcher die, at any moment of the child's life (before its engine loads, during, after).
+        # A new session: the child and every engine process it spawns share one session we can kill,
+        # and the reaper, told its id, kills it should this launcher die at any moment of the child's
+        # life (before its engine loads, during, after). The tag covers the instant before it is told.
         # And tied to this launcher: if it dies (kill -9, OOM), the child gets SIGTERM, hands its
         # batches back and stops its engine, instead of claiming work and holding a GPU unsupervised.
         child.starts += 1
