@@ -3,6 +3,7 @@
 The batch path, in order::
 
     launcher.py      regen worker: one process per GPU group, supervised
+      reaper.py      beside it: stops every process of its workers once the launcher is gone
     process.py       one worker process: Celery consumer, threads pool (runtime.py: its state,
                      heartbeats, the reconciler; options.py: every setting and its default)
     tasks.py         the Celery task: thin, takes ids

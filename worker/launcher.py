@@ -1,10 +1,12 @@
 """``regen worker``: one worker process per GPU group on this node, supervised.
 
-The launcher owns each child's process group: when a child dies (even by SIGKILL,
+The launcher owns each child's session: when a child dies (even by SIGKILL,
 leaving vLLM's engine processes orphaned and holding memory) the launcher kills
-the rest of its group, then restarts it with back-off. On SIGTERM/SIGINT it
+the rest of its session, then restarts it with back-off. On SIGTERM/SIGINT it
 forwards SIGTERM to every child (each hands its in-flight batches back to the
-broker), waits, and reaps the groups.
+broker), waits, and reaps the sessions. Should the launcher itself die (SIGKILL,
+the OOM killer), its reaper (worker/reaper.py) stops every process of its
+children's sessions within 20 s.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from ledger.dispatch import DEFAULT_QUEUE
 from ledger.errors import ConfigError
 from ledger.orphans import die_with_parent
+
+from . import reaper
+from .reaper import TAG_ENV
 
 log = logging.getLogger("regen.launcher")
 
@@ -36,6 +42,8 @@ MAX_QUICK_CRASHES = 8
 STOP_GRACE_S = 60.0
 #: Tells a worker process which pid is its launcher, so it can stop when the launcher is gone.
 LAUNCHER_PID_ENV = "REGEN_LAUNCHER_PID"
+#: How long a launcher that stops cleanly waits for its reaper to check for leftovers and exit.
+REAPER_EXIT_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,8 @@ class _Child:
     quick_crashes: int = 0
     next_start: float = 0.0
     gave_up: bool = False
+    starts: int = 0
+    tag: str = ""
     log_lines: list[str] = field(default_factory=list)
 
 
@@ -133,25 +143,90 @@ def _kill_group(pid: int, sig: int) -> None:
         pass
 
 
+class _Reaper:
+    """worker/reaper.py's process: stops this launch's processes once the launcher is gone."""
+
+    def __init__(self, launch_id: str):
+        self.launch_id = launch_id
+        self.proc: subprocess.Popen | None = None
+        self._write_end: int | None = None
+        self._sessions: set[int] = set()
+
+    def start(self) -> None:
+        read_end, self._write_end = os.pipe()  # both close-on-exec: no child but the reaper holds one
+        env = {k: v for k, v in os.environ.items() if k != TAG_ENV}
+        # A session of its own: a signal to the launcher's group (Ctrl-C) does not reach it, and no
+        # PDEATHSIG: it must outlive the launcher to do its work.
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.reaper", self.launch_id], stdin=read_end,
+                                     env=env, start_new_session=True)
+        os.close(read_end)
+        for sid in self._sessions:
+            self._say(f"+{sid}")
+
+    def _say(self, line: str) -> None:
+        if self._write_end is None:
+            return
+        try:
+            os.write(self._write_end, f"{line}\n".encode())
+        except OSError:  # the reaper died: keep_alive starts another and tells it every session
+            pass
+
+    def watch(self, session: int) -> None:
+        self._sessions.add(session)
+        self._say(f"+{session}")
+
+    def forget(self, session: int) -> None:
+        self._sessions.discard(session)
+        self._say(f"-{session}")
+
+    def keep_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            log.warning("the reaper (pid %d) exited with %s; starting another", self.proc.pid, self.proc.returncode)
+            self.close()
+            self.start()
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close the pipe (the reaper then checks for leftovers and exits); wait for it up to ``wait_s``."""
+        if self._write_end is not None:
+            os.close(self._write_end)
+            self._write_end = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=wait_s) if wait_s else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                log.warning("the reaper (pid %d) is still running", self.proc.pid)
+
+
 class Launcher:
     def __init__(self, plans: list[ProcessPlan]):
         self.children = [_Child(p) for p in plans]
         self.stopping = False
+        #: Unique to this launcher: what its reaper and its own clean-up find its processes by.
+        self.launch_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.reaper = _Reaper(self.launch_id)
 
     def _start(self, child: _Child) -> None:
-        # A new session: the child and every engine process it spawns share one group we can kill.
+        # A new session: the child and every engine process it spawns share one session we can kill,
+        # and the reaper, told its id, kills it should this launcher die at any moment of the child's
+        # life (before its engine loads, during, after). The tag covers the instant before it is told.
         # And tied to this launcher: if it dies (kill -9, OOM), the child gets SIGTERM, hands its
         # batches back and stops its engine, instead of claiming work and holding a GPU unsupervised.
-        env = {**child.plan.env, LAUNCHER_PID_ENV: str(os.getpid())}
+        child.starts += 1
+        child.tag = f"{self.launch_id}/{self.children.index(child)}.{child.starts}"
+        env = {**child.plan.env, LAUNCHER_PID_ENV: str(os.getpid()), TAG_ENV: child.tag}
         child.proc = subprocess.Popen(list(child.plan.argv), env=env, start_new_session=True,
                                       preexec_fn=die_with_parent)
+        self.reaper.watch(child.proc.pid)  # its session id: what the reaper stops should we die
         child.started_at = time.monotonic()
         log.info("started %s (pid %d, devices %s)", child.plan.name, child.proc.pid,
                  ",".join(child.plan.devices) or "cpu")
 
     def _on_exit(self, child: _Child, code: int) -> None:
         assert child.proc is not None
-        _kill_group(child.proc.pid, signal.SIGKILL)  # reap orphaned engine processes
+        # Reap orphaned engine processes: the rest of its session, and anything carrying its tag.
+        if leftovers := reaper.kill(child.tag, {child.proc.pid}):
+            log.warning("%s left %d processes behind; killed them", child.plan.name, leftovers)
+        self.reaper.forget(child.proc.pid)
         ran_s = time.monotonic() - child.started_at
         child.proc = None
         if self.stopping:
@@ -177,10 +252,18 @@ class Launcher:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        self.reaper.start()  # before any child: from the first child's fork on, a death is covered
+        try:
+            return self._supervise()
+        finally:
+            self.reaper.close(wait_s=REAPER_EXIT_WAIT_S)
+
+    def _supervise(self) -> int:
         for child in self.children:
             self._start(child)
         stop_deadline = None
         while True:
+            self.reaper.keep_alive()
             now = time.monotonic()
             for child in self.children:
                 if child.proc is not None:
