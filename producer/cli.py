@@ -175,9 +175,12 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="engine and worker metrics on this port + process index (0: off)")
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
+@click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
+              help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
+                   "(worker/fake_engine.py); its output is marked fake")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           requeue_grace_s, metrics_port, node_name, dry_run) -> None:
+           requeue_grace_s, metrics_port, node_name, fake_engine, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
     from worker.engine_args import parse_engine_args
     from worker.launcher import parse_gpus, plan_processes, run_launcher
@@ -188,7 +191,8 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
                            engine_args=list(engine_args),
                            extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
                                        "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s),
-                                       "--requeue-grace-s", str(requeue_grace_s)])
+                                       "--requeue-grace-s", str(requeue_grace_s),
+                                       *(["--fake-engine", fake_engine] if fake_engine else [])])
     if dry_run:
         for p in plans:
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "

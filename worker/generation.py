@@ -101,8 +101,14 @@ async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[d
     """All samples of one batch, each once admitted. Raises EngineDead if the engine fails."""
     ticket = engine.new_batch_ticket()
 
+    fake = getattr(engine, "fake", False)  # worker/fake_engine.py: a benchmark device, no vLLM
+
     async def admitted(index: int, sample: dict) -> dict:
         async with engine.admission.slot((ticket, index)):
+            if fake:
+                from .fake_engine import fake_sample
+
+                return await fake_sample(engine, sample, run)
             return await generate_sample(engine, renderer, sample, run)
 
     tasks = [asyncio.ensure_future(admitted(i, s)) for i, s in enumerate(samples)]

@@ -42,6 +42,10 @@ class WorkerOptions:
     #: after it was published gets a new one from the reconciler (ledger/reconcile.py).
     requeue_grace_s: float = QUEUED_GRACE_S
 
+    #: worker/fake_engine.py's spec (``tok_s=...,gpus=...``): a benchmark and test device that
+    #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
+    fake_engine: str | None = None
+
     def held_batches(self, max_num_seqs: int) -> int:
         """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
         # Imported here: admission imports asyncio (~20 ms), and the CLI imports this module for

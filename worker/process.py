@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requeue-grace-s", type=float, default=d.requeue_grace_s)
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve vLLM's engine metrics and the batches in flight on this port (0: off)")
+    p.add_argument("--fake-engine", default=None, metavar="tok_s=10000,seqs=1024,mean=1500,sigma=1,gpus=1",
+                   help="BENCHMARK/TEST DEVICE: no vLLM, random token ids at this rate (worker/fake_engine.py); "
+                        "its output is marked fake and is not generated data")
     p.add_argument("--loglevel", default="INFO")
     return p
 
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     options = WorkerOptions(name=args.name, queues=tuple(q for q in args.queues.split(",") if q),
                             concurrency=args.concurrency, model=args.model, engine_args=engine_args, lease_s=args.lease_s,
                             heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts,
-                            reconcile_s=args.reconcile_s, requeue_grace_s=args.requeue_grace_s)
+                            reconcile_s=args.reconcile_s, requeue_grace_s=args.requeue_grace_s,
+                            fake_engine=args.fake_engine)
     settings = Settings.from_env()
     runtime = WorkerRuntime(settings, options)
     app = make_celery(settings)
@@ -158,7 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     runtime.start_heartbeats()
     if options.reconcile_s > 0:
         runtime.start_reconciler(app)
-    if options.model:
+    if options.fake_engine:
+        from .fake_engine import FakeEngineSpec
+
+        max_num_seqs = FakeEngineSpec.parse(options.fake_engine).max_num_seqs
+        log.warning("%s runs the FAKE ENGINE: a benchmark and test device, its output is not generated data",
+                    options.name)
+    elif options.model:
         max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
     else:
         max_num_seqs = expected_max_num_seqs(engine_args)

@@ -55,7 +55,14 @@ class WorkerRuntime:
         """The process's engine, loaded on first use. A process serves one model."""
         model = resolve_model(model)
         with self._engine_lock:
-            if self._engine is None:
+            if self._engine is None and self.options.fake_engine:
+                from .fake_engine import FakeEngineHost, FakeEngineSpec, FakeRenderer
+
+                engine = FakeEngineHost(model, FakeEngineSpec.parse(self.options.fake_engine))
+                engine.start()
+                self._engine = engine
+                self._renderer = FakeRenderer(engine.max_model_len)  # type: ignore[assignment]
+            elif self._engine is None:
                 engine = EngineHost(model=model, engine_args=self.options.engine_args)
                 engine.start()
                 self._engine = engine
