@@ -5,9 +5,7 @@ pre-tokenized prompt loader for the tokens JSONL."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
 import shutil
 from collections import Counter
 from pathlib import Path
