@@ -17,6 +17,8 @@ from .errors import ConfigError
 #: trust-auth Postgres of a development machine.
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/regen"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: What ``REGEN_DB_POOLER`` may say: a PgBouncer in transaction mode, or nothing (a direct connection).
+POOLERS = (None, "transaction")
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -70,6 +72,10 @@ class Settings:
     #: The broker's redelivery timeout; None = ledger/dispatch.py's default. Must be the
     #: same on every worker of a broker (the shortest wins). Tests shorten it.
     visibility_timeout_s: float | None = None
+    #: ``transaction`` when ``database_url`` names a PgBouncer in transaction mode
+    #: (``REGEN_DB_POOLER``): psycopg then prepares no statement (a prepared statement lives on
+    #: one server connection; the next transaction may get another). None: a direct connection.
+    database_pooler: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -78,9 +84,15 @@ class Settings:
             database_url=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL),
             redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
             visibility_timeout_s=_float_env("REGEN_VISIBILITY_TIMEOUT_S"),
+            database_pooler=os.environ.get("REGEN_DB_POOLER") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings
+
+    def __post_init__(self) -> None:
+        if self.database_pooler not in POOLERS:
+            raise ConfigError(f"REGEN_DB_POOLER must be one of {sorted(p for p in POOLERS if p)} or unset, "
+                              f"got {self.database_pooler!r}")
 
     @property
     def sqlalchemy_url(self) -> str:
