@@ -27,6 +27,10 @@ T = TypeVar("T")
 def make_engine(settings: Settings, **kwargs) -> Engine:
     # pool_pre_ping: a worker idles for an hour between ledger writes; connections
     # may have been cut by a Postgres restart or a proxy in between.
+    if settings.database_pooler == "transaction":
+        # Through PgBouncer in transaction mode each transaction may run on another server
+        # connection: a statement psycopg prepared on one is unknown on the next.
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "prepare_threshold": None}
     return create_engine(settings.sqlalchemy_url, pool_pre_ping=True, future=True, **kwargs)
 
 

@@ -58,6 +58,8 @@ class Run(Base):
     quality_thresholds: Mapped[dict | None] = mapped_column(JSONB)
     #: Last quality-gate evaluation: workers evaluate a run at most once per interval.
     gate_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Batches not yet done or dead, kept by triggers on batches (migration 0008); never written here.
+    open_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
     __table_args__ = (CheckConstraint(_in("status", RunStatus), name="runs_status_check"),)
 

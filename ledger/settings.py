@@ -18,6 +18,8 @@ from .errors import ConfigError
 #: trust-auth Postgres of a development machine.
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/regen"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: What ``REGEN_DB_POOLER`` may say: a PgBouncer in transaction mode, or nothing (a direct connection).
+POOLERS = (None, "transaction")
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -87,6 +89,10 @@ class Settings:
     #: Messages waiting per queue that submit and the reconciler keep the broker at
     #: (ledger/defaults.py DEFAULT_QUEUE_WINDOW; ``REGEN_QUEUE_WINDOW``).
     queue_window: int = DEFAULT_QUEUE_WINDOW
+    #: ``transaction`` when ``database_url`` names a PgBouncer in transaction mode
+    #: (``REGEN_DB_POOLER``): psycopg then prepares no statement (a prepared statement lives on
+    #: one server connection; the next transaction may get another). None: a direct connection.
+    database_pooler: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -96,9 +102,15 @@ class Settings:
             redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
             visibility_timeout_s=_float_env("REGEN_VISIBILITY_TIMEOUT_S"),
             queue_window=_window_env("REGEN_QUEUE_WINDOW"),
+            database_pooler=os.environ.get("REGEN_DB_POOLER") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings
+
+    def __post_init__(self) -> None:
+        if self.database_pooler not in POOLERS:
+            raise ConfigError(f"REGEN_DB_POOLER must be one of {sorted(p for p in POOLERS if p)} or unset, "
+                              f"got {self.database_pooler!r}")
 
     @property
     def sqlalchemy_url(self) -> str:

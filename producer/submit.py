@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from celery import Celery
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
@@ -330,10 +329,14 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
                                          batch_size=batch_size, quality_thresholds=quality_thresholds)
         run_id = run.id
     report = SubmitReport(run=run_name, created=created)
-    # One submit per run at a time: two would number their batches alike.
+    # One submit per run at a time: two would number their batches alike. A transaction-level
+    # lock in a transaction left open (no snapshot held: it runs no query after this) for the
+    # whole submit: released by the rollback of close(), whatever happens, and it works through
+    # PgBouncer in transaction mode, where a session-level lock would stay behind on a pooled
+    # server connection (docs/deploy.md, "Connections").
     lock_conn = sessions.kw["bind"].connect()
     try:
-        if not lock_conn.execute(text("SELECT pg_try_advisory_lock(8151, :r)"), {"r": run_id}).scalar():
+        if not lock_conn.execute(text("SELECT pg_try_advisory_xact_lock(8151, :r)"), {"r": run_id}).scalar():
             raise ConfigError(f"another submit of run {run_name!r} is in progress")
         with sessions() as s:
             run = get_run(s, run_id)
@@ -351,11 +354,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
             with sessions.begin() as s:
                 transitions.reactivate_run(s, run_id)
     finally:
-        # Unlock explicitly: close() returns the connection to the pool, and a session-level
-        # advisory lock would stay with it, refusing the next submit of this run in this process.
-        with contextlib.suppress(SQLAlchemyError):
-            lock_conn.execute(text("SELECT pg_advisory_unlock(8151, :r)"), {"r": run_id})
-        lock_conn.close()
+        lock_conn.close()  # rolls its transaction back: the lock goes with it
     log.info("submit %s: %s", run_name, report)
     return report
 

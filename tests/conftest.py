@@ -4,4 +4,4 @@ Service fixtures live in their own modules under tests/ and are loaded here as p
 """
 
 pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.services", "tests.fixtures.model", "tests.fixtures.worker",
-                  "tests.fixtures.engine", "tests.fixtures.fault_report"]
+                  "tests.fixtures.engine", "tests.fixtures.fault_report", "tests.fixtures.pgbouncer"]

@@ -25,6 +25,9 @@ from .rendering import Renderer
 
 log = logging.getLogger(__name__)
 
+#: Ledger connections of one worker process: kept open, and at most this many more at a burst.
+DB_POOL_SIZE, DB_MAX_OVERFLOW = 2, 2
+
 
 class WrongModel(RegenError):
     pass
@@ -34,9 +37,10 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, options: WorkerOptions):
         self.settings = settings
         self.options = options
-        # Threads touch the ledger briefly (claim, commit); dozens of held batches share a
-        # few connections, so a node of 8 GPUs does not take Postgres's 100 connections.
-        self.db = make_engine(settings, pool_size=4, max_overflow=4, pool_timeout=120)
+        # Threads touch the ledger briefly (claim, commit: milliseconds); dozens of held batches
+        # share a few connections. DB_POOL_SIZE + DB_MAX_OVERFLOW per process is what a node
+        # and a farm are sized by (docs/deploy.md, "Connections"): 4 per GPU process.
+        self.db = make_engine(settings, pool_size=DB_POOL_SIZE, max_overflow=DB_MAX_OVERFLOW, pool_timeout=120)
         self.sessions = make_sessionmaker(self.db)
         self.store = ObjectStore.from_settings(settings)
         self.shutting_down = threading.Event()

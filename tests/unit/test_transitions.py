@@ -33,6 +33,8 @@ from ledger.states import (
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("ledger", "producer", "worker", "bench", "scripts")
 HOME = ROOT / "ledger" / "transitions.py"
+#: Modules that build synthetic ledgers in SQL (a 100M-sample run's batches at 50% done), never a live one.
+SYNTHETIC = {ROOT / "bench" / "ledger_commits.py"}
 
 TABLES = {
     "runs": (RunStatus, RUN_TRANSITIONS, RUN_INITIAL),
@@ -50,7 +52,7 @@ _LITERAL = re.compile(r"'(\w+)'")
 def _sets_status(set_list: str, alias: str | None) -> str | None:
     """The expression assigned to ``status`` in an UPDATE's SET list, if any."""
     prefix = rf"(?:{alias}\.)?" if alias else ""
-    match = re.search(rf"(?<![\w.]){prefix}status\s*=\s*(CASE\b.*?(?:\bEND\b|$)|'\w+'|:\w+)", set_list, re.I | re.S)
+    match = re.search(rf"(?<![\w.]){prefix}status\s*=\s*(CASE\b.*?(?:\bEND\b|$)|'\w+'|:\w+|v\.\w+)", set_list, re.I | re.S)
     return match.group(1) if match else None
 
 
@@ -83,7 +85,7 @@ def test_each_status_write_of_the_transitions_module_is_a_declared_transition(t)
     value = _sets_status(update.group(3), alias)
     assert value is not None, f"registered as a status write but sets no status: {t.sql}"
     written = set(_LITERAL.findall(value))
-    if written:  # a bound parameter (record_samples) is checked by the function at run time
+    if written:  # a bound parameter or a value row's column (record_samples) is checked by the function at run time
         assert written == set(t.target), f"sets {sorted(written)}, declares {sorted(t.target)}"
     guards = _where_guards(t.sql, alias)
     if guards:
@@ -141,7 +143,7 @@ def test_no_status_is_written_outside_the_transitions_module():
     offenders = []
     for package in SCANNED:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path != HOME:
+            if path != HOME and path not in SYNTHETIC:
                 offenders += [f"{path.relative_to(ROOT)} {w.split(':', 1)[1]}" for w in _status_writes(path)]
     assert offenders == [], "status writes outside ledger/transitions.py:\n" + "\n".join(offenders)
 
