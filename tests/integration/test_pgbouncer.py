@@ -17,7 +17,6 @@ from sqlalchemy import text
 from ledger import transitions
 from ledger.db import make_engine, make_sessionmaker
 from ledger.settings import Settings
-from tests.fixtures.services import ADMIN_DSN
 from worker.batch_ledger import ClaimOutcome, claim_batch, commit_batch, heartbeat
 
 THREADS = 12
@@ -25,8 +24,8 @@ BATCHES = 48
 SAMPLES = 4
 
 
-def _server_connections(database: str) -> int:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+def _server_connections(admin_dsn: str, database: str) -> int:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
         return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()[0]
 
 
@@ -43,7 +42,8 @@ def pooled(pgbouncer, database_url):
     engine.dispose()
 
 
-def test_claims_heartbeats_commits_and_locks_work_through_the_pooler_within_its_connections(pgbouncer, pooled):
+def test_claims_heartbeats_commits_and_locks_work_through_the_pooler_within_its_connections(pgbouncer, pooled,
+                                                                                           pg_server):
     sessions = pooled
     with sessions.begin() as s:
         run = s.execute(text(
@@ -59,7 +59,7 @@ def test_claims_heartbeats_commits_and_locks_work_through_the_pooler_within_its_
 
     def watch() -> None:
         while not stop.wait(0.02):
-            peak[0] = max(peak[0], _server_connections(pgbouncer.database))
+            peak[0] = max(peak[0], _server_connections(pg_server.admin_dsn, pgbouncer.database))
 
     errors: list[BaseException] = []
     todo = list(enumerate(ids))
