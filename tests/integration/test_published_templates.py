@@ -54,6 +54,11 @@ def qwen(tiny_family_model):
 
 
 @pytest.fixture(scope="module")
+def llama31(tiny_family_model):
+    return _renderer(tiny_family_model, "llama3", "llama31.jinja")
+
+
+@pytest.fixture(scope="module")
 def glm(tiny_family_model):
     return _renderer(tiny_family_model, "glm45", "glm45.jinja")
 
@@ -150,3 +155,21 @@ def test_qwen3_switches_with_enable_thinking_and_its_json_calls_are_read_by_herm
         ("get_weather", {"city": "Paris"})]
     split, _ = _parse(qwen, off_ids, "It is sunny.", thinking=True, end="<|im_end|>")
     assert (split.reasoning_content, split.content) == (None, "It is sunny.")
+
+
+def test_llama31_never_thinks_and_its_json_calls_are_read_by_llama3_json(llama31):
+    parser = llama31.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == (None, "llama3_json")
+    assert llama31.thinking_arg_for(SAMPLING) is None
+    ids, text = _prompt(llama31, thinking=False, tools=WEATHER)
+    # The published template's own shape: the fixed system preamble, the tools in the first user turn.
+    assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                           "Environment: ipython\nCutting Knowledge Date: December 2023\n")
+    assert '"name": "get_weather"' in text and text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    split, calls = _parse(llama31, ids, '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+                          thinking=False, end="<|eot_id|>", tools=WEATHER)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert not calls.errors
+    split, calls = _parse(llama31, ids, "It is sunny in Paris.", thinking=False, end="<|eot_id|>", tools=WEATHER)
+    assert (split.reasoning_content, split.content, calls.tool_calls) == (None, "It is sunny in Paris.", [])

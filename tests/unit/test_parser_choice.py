@@ -29,6 +29,7 @@ TEMPLATES = {
     PUBLISHED / "deepseek_v31.jinja": ("deepseek", "deepseek_v3", "deepseek_v31", "thinking", "switch"),
     PUBLISHED / "glm45.jinja": ("glm45", "glm45", "glm45", "enable_thinking", "switch"),
     PUBLISHED / "qwen3.jinja": ("qwen3", "qwen3", "hermes", "enable_thinking", "switch"),
+    PUBLISHED / "llama31.jinja": ("llama3", None, "llama3_json", None, "never"),
     TEMPLATES_DIR / "deepseek_r1_chat.jinja": ("deepseek", "deepseek_r1", "deepseek_v3", None, "always"),
     TEMPLATES_DIR / "glm45_chat.jinja": ("glm45", "glm45", "glm45", "enable_thinking", "switch"),
     TEMPLATES_DIR / "llama3_chat.jinja": ("llama3", None, "llama3_json", None, "never"),
