@@ -19,6 +19,7 @@ The batch path, in order::
 
 Beside it: probe.py (the engine half of ``regen estimate``), engine_args.py (``--engine-arg``
 pairs), occupancy.py / holding.py (how full the engine is kept, and the batches held for it),
-engine_stats.py (vLLM's scheduler stats, for a diagnosis only: ``REGEN_ENGINE_STATS=1``), and
-tiny/ (the offline tiny model for the demo and the tests).
+engine_stats.py (vLLM's scheduler stats, for a diagnosis only: ``REGEN_ENGINE_STATS=1``),
+fake_engine.py (a benchmark and test device, never real data), engine_loop.py (the event-loop
+thread both engine hosts share), and tiny/ (the offline tiny model for the demo and the tests).
 """

@@ -12,7 +12,6 @@ vLLM is imported only here (and lazily), so the control plane never needs it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import itertools
@@ -20,7 +19,6 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +26,7 @@ from ledger.errors import RegenError
 
 from .admission import AdmissionGate, admission_level
 from .dialogue import Generation
+from .engine_loop import LoopHost
 from .engine_stats import SchedulerRecorder, attach, stats_wanted
 from .occupancy import REPORT_S, OccupancySampler
 
@@ -92,7 +91,7 @@ class EngineDead(RegenError):
 
 
 @dataclass
-class EngineHost:
+class EngineHost(LoopHost):
     model: str
     engine_args: dict[str, Any] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -116,9 +115,7 @@ class EngineHost:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
-        self._thread.start()
+        self._thread = self._start_loop("vllm-engine-loop")
         asyncio.run_coroutine_threadsafe(self._build(), self._loop).result()
         # Everything loaded so far (torch, vLLM, transformers, the tokenizer: ~650K objects) lives as
         # long as the process. Out of the collector's sight, a full collection no longer walks them:
@@ -160,16 +157,6 @@ class EngineHost:
         if not _supported(vllm.__version__):
             log.warning("vLLM %s is outside the releases regen supports (%s); it may work, untested",
                         vllm.__version__, SUPPORTED_VLLM)
-
-    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
-        """Run a coroutine on the engine loop; cancel the returned future to abort it."""
-        if self._loop is None:
-            raise RuntimeError("engine not started")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def new_batch_ticket(self) -> int:
-        """Admission order of a batch: batches taken earlier get the engine first."""
-        return next(self._tickets)
 
     async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
         """Generate one completion; runs on the engine loop. Cancelling it aborts the request."""

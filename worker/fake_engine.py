@@ -18,19 +18,17 @@ at start, and every output row and every batch's provenance records the engine a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
 import math
 import random
-import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from ledger.errors import RegenError
 
 from .admission import AdmissionGate
+from .engine_loop import LoopHost
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +85,7 @@ class FakeEngineSpec:
         return max(1, min(budget, int(rng.lognormvariate(mu, self.sigma))))
 
 
-class FakeEngineHost:
+class FakeEngineHost(LoopHost):
     """``EngineHost``'s interface as worker/batch_task.py and worker/generation.py use it."""
 
     fake = True
@@ -108,8 +106,7 @@ class FakeEngineHost:
         self.tokens_made = 0
 
     def start(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="fake-engine-loop", daemon=True).start()
+        self._start_loop("fake-engine-loop")
 
         async def make_gate() -> None:
             self.admission = AdmissionGate(self.max_num_seqs)
@@ -118,14 +115,6 @@ class FakeEngineHost:
         log.warning("FAKE ENGINE (benchmark/test device, not generated data): %s tok/s x %d GPUs, %d sequences, "
                     "lengths lognormal mean %s sigma %s", self.spec.tok_s, self.spec.gpus, self.max_num_seqs,
                     self.spec.mean, self.spec.sigma)
-
-    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
-        if self._loop is None:
-            raise RuntimeError("engine not started")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def new_batch_ticket(self) -> int:
-        return next(self._tickets)
 
     @property
     def alive(self) -> bool:
