@@ -21,7 +21,9 @@ fail for want of a prepared statement.
 from __future__ import annotations
 
 import getpass
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -235,3 +237,33 @@ def test_the_compose_pgbouncer_carries_a_fake_engine_farm_within_its_pool(compos
         assert "prepared statement" not in text
         assert "unsupported startup parameter" not in text
     assert "Traceback" not in worker_logs, worker_logs[-3000:]
+
+
+def test_the_tests_run_the_pgbouncer_release_the_compose_image_installs():
+    binary = _binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("the pgbouncer binary is not installed - CI must provide it (.ci/run installs it)",
+                        pytrace=False)
+        pytest.skip("the pgbouncer binary is not installed (apt-get install pgbouncer)")
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    tested = re.match(r"PgBouncer (\d+\.\d+)\.", version)
+    pinned = re.search(r'"pgbouncer=(\d+\.\d+)\.\*"', (ROOT / "docker" / "pgbouncer.Dockerfile").read_text())
+    assert tested and pinned, (version, pinned)
+    assert tested[1] == pinned[1], f"the tests run PgBouncer {tested[1]}, the compose image installs {pinned[1]}"
+
+
+def test_status_of_many_runs_twice_through_the_compose_pgbouncer(compose_bouncer, redis_url):
+    # `regen status` reads with psycopg alone (ledger/reads.py), the same queries once per run: past
+    # psycopg's prepare threshold (5) it would prepare them, and the next client handed that server
+    # connection would find its statement names taken ("prepared statement _pg3_0 already exists").
+    runs = 8
+    with psycopg.connect(compose_bouncer.url, autocommit=True, prepare_threshold=None) as conn:
+        for i in range(runs):
+            conn.execute("INSERT INTO runs (name, model, sampling, config_hash, output_url, queue, batch_size, status) "
+                         "VALUES (%s, 'm', '{}', 'h', 's3://b/x', 'regen', 4, 'active')", (f"r{i}",))
+    env = {**os.environ, "DATABASE_URL": compose_bouncer.url, "REDIS_URL": redis_url, "REGEN_DB_POOLER": "transaction"}
+    for _ in range(3):
+        out = run_cli(["status", "--json"], env)
+        assert len(json.loads(out.stdout)["runs"]) == runs
+    assert "prepared statement" not in compose_bouncer.log_path.read_text()
