@@ -43,6 +43,7 @@ import pytest
 from ledger import migrate
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
+from producer.monitoring.metrics import STATEMENT_TIMEOUT_MS, collect, ledger_engine
 from tests.support.compose import ROOT, dummy_env, load_compose
 from tests.support.helpers import output_rows, run_cli, status_json, wait_for
 
@@ -267,3 +268,17 @@ def test_status_of_many_runs_twice_through_the_compose_pgbouncer(compose_bouncer
         out = run_cli(["status", "--json"], env)
         assert len(json.loads(out.stdout)["runs"]) == runs
     assert "prepared statement" not in compose_bouncer.log_path.read_text()
+
+
+def test_a_metrics_scrape_runs_through_the_compose_pgbouncer_with_its_statement_timeout(compose_bouncer, redis_url):
+    settings = Settings(database_url=compose_bouncer.url, redis_url=redis_url, database_pooler="transaction")
+    up = {m.name: m.samples[0].value for m in collect(settings) if m.name.endswith("_up")}
+    assert up == {"regen_ledger_up": 1, "regen_broker_up": 1}  # before: refused at login, the ledger down
+    engine = ledger_engine(settings)
+    try:
+        with engine.begin() as conn:  # each transaction of the exporter's, bounded: set in it, not at login
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == f"{STATEMENT_TIMEOUT_MS // 1000}s"
+    finally:
+        engine.dispose()
+    with psycopg.connect(compose_bouncer.url, autocommit=True) as conn:  # and nothing left on the pooled connection
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "0"
