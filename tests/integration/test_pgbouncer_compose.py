@@ -282,3 +282,19 @@ def test_a_metrics_scrape_runs_through_the_compose_pgbouncer_with_its_statement_
         engine.dispose()
     with psycopg.connect(compose_bouncer.url, autocommit=True) as conn:  # and nothing left on the pooled connection
         assert conn.execute("SHOW statement_timeout").fetchone()[0] == "0"
+
+
+def test_the_compose_healthcheck_passes_through_the_running_pgbouncer(compose_bouncer):
+    psql = shutil.which("psql")
+    if psql is None:
+        pytest.skip("psql is not installed here (the image installs postgresql-client for its healthcheck)")
+    healthcheck = load_compose(dummy_env())["services"]["pgbouncer"]["healthcheck"]["test"]
+    assert healthcheck[0] == "CMD-SHELL"
+    # The container's own environment, only the port moved to where this PgBouncer listens.
+    port = urlsplit(compose_bouncer.url).port
+    env = {**compose_pgbouncer_env(DB_NAME=compose_bouncer.database, DB_USER=urlsplit(compose_bouncer.url).username),
+           "PATH": os.environ["PATH"]}
+    command = healthcheck[1].replace("-p 6432", f"-p {port}")
+    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 0
+    wrong = {**env, "DB_PASSWORD": "not-the-password"}  # and it fails when the login does
+    assert subprocess.run(["sh", "-c", command], env=wrong, timeout=30, capture_output=True).returncode != 0
