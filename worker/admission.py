@@ -115,6 +115,14 @@ class AdmissionGate:
         self.admitted -= 1
         self._grant()
 
+    def set_level(self, level: int) -> None:
+        """Change the level (worker/kv_level.py). Lowered: nobody is evicted, fewer are let in as
+        conversations end; raised: waiters are let in at once."""
+        if level < 1:
+            raise ValueError(f"admission level must be at least 1, got {level}")
+        self.level = level
+        self._grant()
+
     def _grant(self) -> None:
         while self._waiting and (self._waiting[0][2].done() or self.admitted < self.level):
             _, _, future = heapq.heappop(self._waiting)

@@ -28,6 +28,7 @@ from .admission import AdmissionGate, admission_level
 from .dialogue import Generation
 from .engine_loop import LoopHost
 from .engine_stats import SchedulerRecorder, attach, stats_wanted
+from .kv_level import KvLevel, kv_admission_wanted
 from .occupancy import REPORT_S, OccupancySampler
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,9 @@ class EngineHost(LoopHost):
     _count_unfinished: Any = None
     #: How full the engine is kept (worker/occupancy.py): logged every minute, exported.
     occupancy: OccupancySampler | None = None
+    #: The level the engine's KV cache holds, learned from the answers (worker/kv_level.py).
+    kv_level: KvLevel | None = None
+    _logged_level: int = 0
 
     def start(self) -> None:
         """Load the tokenizer and the engine (blocking; ~20 s for the tiny model on a CPU)."""
@@ -143,6 +147,9 @@ class EngineHost(LoopHost):
         self.max_model_len = self._llm.model_config.max_model_len
         self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
         self.admission = AdmissionGate(admission_level(self.max_num_seqs))
+        if kv_admission_wanted():  # worker/kv_level.py: an A/B switch until the GPU shows a gain
+            self.kv_level = KvLevel(default_level=self.admission.level, kv_tokens=_kv_tokens(self._llm))
+        self._logged_level = self.admission.level
         self._count_unfinished = _unfinished_counter(self._llm)
         # The gate is read at each sample: a test may swap it (tests/integration/test_admission_engine.py).
         self.occupancy = OccupancySampler(
@@ -177,12 +184,30 @@ class EngineHost(LoopHost):
         completion = final.outputs[0]
         if self.occupancy is not None:
             self.occupancy.ended(len(completion.token_ids))
+        self._ended(len(final.prompt_token_ids or prompt_token_ids), len(completion.token_ids))
         return Generation(
             prompt_token_ids=list(final.prompt_token_ids or prompt_token_ids),
             token_ids=list(completion.token_ids),
             finish_reason=completion.finish_reason or "abort",
             stop_reason=completion.stop_reason,
         )
+
+    def _ended(self, prompt_tokens: int, output_tokens: int) -> None:
+        """Learn from an ended generation; move the gate's level where the KV cache holds it."""
+        if self.kv_level is None or self.admission is None:
+            return
+        self.kv_level.ended(prompt_tokens, output_tokens)
+        level = self.kv_level.level()
+        if level != self.admission.level:
+            # Logged when it has moved by a tenth: the estimate drifts by one or two each generation.
+            if abs(level - self._logged_level) * 10 >= self._logged_level:
+                log.info("admission level %d -> %d: the KV cache (%d tokens) holds ~%.0f tokens a request",
+                         self._logged_level, level, self.kv_level.kv_tokens, self.kv_level.footprint() or 0)
+                self._logged_level = level
+            self.admission.set_level(level)
+            if self.occupancy is not None:
+                # Fewer than max_num_seqs in the engine is not "short" when the cache cannot hold more.
+                self.occupancy.max_num_seqs = min(self.max_num_seqs, level)
 
     @property
     def alive(self) -> bool:
@@ -252,6 +277,15 @@ def _supported(version: str) -> bool:
         return Version(Version(version).base_version) in SpecifierSet(SUPPORTED_VLLM)
     except InvalidVersion:
         return False
+
+
+def _kv_tokens(llm: Any) -> int:
+    """Tokens the engine's KV cache holds (the engine core reports its blocks at start-up); 0 if unknown."""
+    cache = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
+    try:
+        return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def _unfinished_counter(llm: Any):
