@@ -56,7 +56,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import transitions
-from .broker import ready_batch_ids, ready_length
+from .broker import Queued, missing_messages, ready_batch_ids, ready_length
 from .defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -103,16 +103,21 @@ SELECT {_MESSAGE_COLUMNS} FROM runs r CROSS JOIN LATERAL (
 WHERE r.queue = :queue AND r.status = 'active' AND (CAST(:run AS int) IS NULL OR r.id = :run)
 ORDER BY r.id, b.seq LIMIT :n""")
 
-#: A queue's queued batches published longest ago (beyond the grace period). A waiting
-#: message sits behind those published before it, so a delivered or lost one is among
-#: the oldest: reading them first finds it even when thousands wait healthily.
-_STALE_QUEUED = text(f"""
+#: A queue's queued batches published longest ago, whether past the grace period or not (the
+#: later ones only witness the order: ledger/broker.py ``missing_messages``). A waiting message
+#: sits behind those published before it, so a delivered or lost one is among the oldest:
+#: reading them first finds it even when thousands wait healthily.
+_OLDEST_QUEUED = text(f"""
 SELECT {_MESSAGE_COLUMNS}, b.enqueued_at FROM runs r CROSS JOIN LATERAL (
     SELECT id, seq, input_key, enqueued_at FROM batches
-    WHERE run_id = r.id AND status = 'queued' AND enqueued_at < now() - make_interval(secs => :grace)
-    ORDER BY enqueued_at LIMIT :n) b
+    WHERE run_id = r.id AND status = 'queued' AND enqueued_at IS NOT NULL ORDER BY enqueued_at LIMIT :n) b
 WHERE r.queue = :queue AND r.status = 'active'
 ORDER BY b.enqueued_at LIMIT :n""")
+
+_DUE = text("SELECT now() - make_interval(secs => :grace)")
+
+#: The publish times of queued batches seen at the head of a queue (the witnesses of its order).
+_ENQUEUED_AT = text("SELECT id, enqueued_at FROM batches WHERE id = ANY(:ids) AND status = 'queued'")
 
 _ACTIVE_QUEUES = text("SELECT DISTINCT queue FROM runs WHERE status = 'active' "
                       "AND (CAST(:run AS int) IS NULL OR id = :run) ORDER BY queue")
@@ -193,28 +198,39 @@ def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id:
     return total
 
 
-def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float, window: int) -> int:
-    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front."""
-    candidates = session.execute(_STALE_QUEUED, {"queue": queue, "grace": grace_s, "n": REPUBLISH_PER_PASS}).all()
-    if not candidates:
+def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float) -> int:
+    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front.
+
+    Reads the oldest queued batches and the head of the queue only (ledger/broker.py
+    ``missing_messages``): a pass costs the same with 17,000 messages waiting as with 100.
+    """
+    rows = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": REPUBLISH_PER_PASS}).all()
+    if not rows:
         return 0
-    waiting = ready_batch_ids(client, queue, limit=SCAN_WINDOWS * window)
-    if waiting is None:
-        log.warning("reconciler: queue %s holds more than %d messages; lost deliveries on it are not looked for",
-                    queue, SCAN_WINDOWS * window)
-        return 0
-    missing = [r for r in candidates if r.id not in waiting]
+    due = session.execute(_DUE, {"grace": grace_s}).scalar_one()
+    if rows[0].enqueued_at >= due:
+        return 0  # the oldest is within its grace period: nothing to look for on Redis
+
+    def enqueued_at(ids: list[int]) -> dict[int, object]:
+        return dict(session.execute(_ENQUEUED_AT, {"ids": ids}).all()) if ids else {}
+
+    by_id = {r.id: r for r in rows}
+    missing, undecided = missing_messages([Queued(r.id, r.enqueued_at) for r in rows], due, client, queue,
+                                          enqueued_at)
+    if undecided:
+        log.info("reconciler: %d queued batches of queue %s are not at its head and no later message was "
+                 "seen there: looked for again next pass", undecided, queue)
     if not missing:
         return 0
     with session.begin_nested():
-        still = transitions.mark_message_lost(session, [r.id for r in missing])
-        missing = [r for r in missing if r.id in still]
-        _publish(app, missing, queue=queue, front=True)
+        still = transitions.mark_message_lost(session, [b.id for b in missing])
+        lost = [by_id[b.id] for b in missing if b.id in still]
+        _publish(app, lost, queue=queue, front=True)
     log.warning("reconciler: %d queued batches of queue %s had no message waiting and none claimed %.0f s after "
                 "their last one (lost, or held by a consumer that is gone): published again, first in line "
-                "(batch ids %s%s)", len(missing), queue, grace_s, [r.id for r in missing[:10]],
-                "..." if len(missing) > 10 else "")
-    return len(missing)
+                "(batch ids %s%s)", len(lost), queue, grace_s, [r.id for r in lost[:10]],
+                "..." if len(lost) > 10 else "")
+    return len(lost)
 
 
 def _take_pass(session: Session, *, min_interval_s: float, worker: str | None) -> bool:
@@ -250,7 +266,7 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
                     _publish_by_queue(app, rows, front=True)
                     report.republished += len(rows)
                 for queue in queues:
-                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s, window=window)
+                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s)
                     report.lost += lost
                     report.republished += lost
                     report.topped_up += _top_up_queue(s, app, client, queue, window=window, run_id=None)

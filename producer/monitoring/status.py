@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ledger.defaults import DEFAULT_QUEUE_WINDOW, QUEUED_GRACE_S
+from ledger.defaults import QUEUED_GRACE_S
 from ledger.reads import fetch_dicts, fetch_rows
 from ledger.runs import list_runs
 from ledger.states import BatchStatus, Quality, SampleStatus
@@ -40,8 +40,8 @@ def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id})}
 
 
-#: Queued batches looked up on the broker at most (ledger/reconcile.py reads as many waiting ids).
-BROKER_CHECK_LIMIT = 4 * DEFAULT_QUEUE_WINDOW
+#: Queued batches looked up on the broker at most: as many as a reconciler pass examines.
+BROKER_CHECK_LIMIT = 2000
 
 
 def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *,
@@ -50,37 +50,47 @@ def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *
     with no message waiting on the queue ``grace_s`` after their last one (a stall, if nothing republishes them).
 
     Each query reads a partial index (migration 0007): the few batches with a second message,
-    the queued batches past the grace period. Redis is asked only when there are such
-    batches (redis-py is imported then only); ``queued_without_message`` is None when it
-    cannot be told (no broker URL, the broker unreachable, or a queue too long to read).
+    the run's oldest queued batches. Redis is asked only when the oldest is past the grace
+    period (redis-py is imported then only), and only its head is read, as the reconciler
+    does (ledger/broker.py ``missing_messages``): the figure covers the ``BROKER_CHECK_LIMIT``
+    oldest queued batches, where a lost message is. ``queued_without_message`` is None when it
+    cannot be told (no broker URL, the broker unreachable, or a head crowded with other messages).
     """
     ((stale, republishes),) = fetch_rows(conn,
         "SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
         "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)", {"run": run_id})
-    old = [r[0] for r in fetch_rows(conn,
-        "SELECT id FROM batches WHERE run_id = %(run)s AND status = 'queued' "
-        "AND enqueued_at < now() - make_interval(secs => %(grace)s) LIMIT %(n)s",
-        {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
+    rows = fetch_rows(conn,
+        "SELECT id, enqueued_at, now() - make_interval(secs => %(grace)s) FROM batches "
+        "WHERE run_id = %(run)s AND status = 'queued' AND enqueued_at IS NOT NULL ORDER BY enqueued_at LIMIT %(n)s",
+        {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})
     without: int | None = 0
-    if old:
+    if rows and rows[0][1] < rows[0][2]:
         without = None
         if broker_url is not None:
-            import redis
-
-            from ledger.broker import ready_batch_ids
-
-            try:
-                client = redis.Redis.from_url(broker_url, socket_timeout=5)
-                try:
-                    waiting = ready_batch_ids(client, queue, limit=BROKER_CHECK_LIMIT)
-                finally:
-                    client.close()
-            except redis.RedisError:
-                waiting = None
-            if waiting is not None:
-                without = sum(1 for i in old if i not in waiting)
+            without = _count_missing(conn, broker_url, queue, rows)
     return {"stale_deliveries": int(stale), "republishes": int(republishes), "queued_without_message": without,
             "grace_s": grace_s}
+
+
+def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | None:
+    import redis
+
+    from ledger.broker import Queued, missing_messages
+
+    def enqueued_at(ids: list[int]) -> dict:
+        return dict(fetch_rows(conn, "SELECT id, enqueued_at FROM batches WHERE id = ANY(%(ids)s) "
+                                     "AND status = 'queued'", {"ids": ids})) if ids else {}
+
+    try:
+        client = redis.Redis.from_url(broker_url, socket_timeout=5)
+        try:
+            missing, undecided = missing_messages([Queued(r[0], r[1]) for r in rows], rows[0][2], client, queue,
+                                                  enqueued_at)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None
+    return None if undecided and not missing else len(missing)
 
 
 def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None = None) -> list[dict]:
