@@ -37,6 +37,8 @@ HEAD_SCAN_LIMIT = 4000
 #: retry``, ``regen requeue``) may enter the queue out of ``enqueued_at`` order by up to their
 #: transaction's length; a batch counts as "behind" a message only when older by more than this.
 ORDER_SLACK_S = 5.0
+#: Messages per LRANGE of a head read: the read stops within this many of the last one it needs.
+HEAD_STEP = 100
 
 # The header's key is matched only right after "{" or ", ": inside a JSON string (a run
 # name, a key) a quote is always escaped, so no string of the message can forge it. A plain
@@ -63,17 +65,17 @@ end
 return out
 """
 
-# From the head (index -1, the next BRPOP) toward the tail, in steps of 500, until the first
-# ARGV[2] of the wanted ids (ARGV[3..]) are all seen or ARGV[1] messages are read. Returns
+# From the head (index -1, the next BRPOP) toward the tail, ARGV[3] messages per LRANGE, until
+# the first ARGV[2] of the wanted ids (ARGV[4..]) are all seen or ARGV[1] messages are read. Returns
 # {messages read, queue length, the id of each message read, head first}. One call: atomic.
 _FIND_AT_HEAD = _ID_OF + """
-local limit, must = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, must, step = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local wanted, out = {}, {}
-for i = 3, #ARGV do wanted[tonumber(ARGV[i])] = i - 2 end
+for i = 4, #ARGV do wanted[tonumber(ARGV[i])] = i - 3 end
 local length = redis.call('LLEN', KEYS[1])
 local read, left = 0, must
 while read < limit and read < length and left > 0 do
-  local n = math.min(500, limit - read)
+  local n = math.min(step, limit - read)
   local items = redis.call('LRANGE', KEYS[1], -(read + n), -(read + 1))
   for i = #items, 1, -1 do
     local id = id_of(items[i])
@@ -139,7 +141,7 @@ def find_at_head(client: redis_lib.Redis, queue: str, wanted: Sequence[int], *, 
     ``limit`` below ~7,900).
     """
     script = client.register_script(_FIND_AT_HEAD)
-    read, length, *seen = script(keys=[queue], args=[limit, must, *wanted])
+    read, length, *seen = script(keys=[queue], args=[limit, must, HEAD_STEP, *wanted])
     return HeadScan(frozenset(int(i) for i in seen), int(read), int(length))
 
 
@@ -186,9 +188,11 @@ def missing_messages(oldest: Sequence[Queued], due: datetime, client: redis_lib.
         return unseen, 0
     known = {b.id: b.enqueued_at for b in oldest}
     times = [known[i] for i in scan.seen if i in known]
-    times += enqueued_at([i for i in scan.seen if i not in known]).values()
+    slack = timedelta(seconds=slack_s)
+    if not times or max(b.enqueued_at for b in unseen) + slack >= max(times):
+        # Witnesses beyond the batches read from the ledger: the other queued ones seen at the head.
+        times += enqueued_at([i for i in scan.seen if i not in known]).values()
     if not times:
         return [], len(unseen)
-    newest_seen = max(times) - timedelta(seconds=slack_s)
-    missing = [b for b in unseen if b.enqueued_at < newest_seen]
+    missing = [b for b in unseen if b.enqueued_at + slack < max(times)]
     return missing, len(unseen) - len(missing)
