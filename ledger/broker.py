@@ -33,10 +33,11 @@ SCAN_CHUNK = 2000
 #: Messages read at the head in one pass at most: ~20 ms of Redis, one atomic script call
 #: (so no delivery between chunks shifts what is read), twice the batches a pass examines.
 HEAD_SCAN_LIMIT = 4000
-#: Publishes the reconciler does not serialise (a worker's failed attempt put back, ``regen
-#: retry``, ``regen requeue``) may enter the queue out of ``enqueued_at`` order by up to their
-#: transaction's length; a batch counts as "behind" a message only when older by more than this.
-ORDER_SLACK_S = 5.0
+#: The reconciler's own publishes (top-ups, republishes) are serialised by its lock, each pass's
+#: with one ``enqueued_at``; others (a worker's failed attempt put back, ``regen retry``, ``regen
+#: requeue``) may enter the queue out of ``enqueued_at`` order by their transaction's length
+#: (milliseconds); a batch counts as "ahead of" a message only when older by more than this.
+ORDER_SLACK_S = 1.0
 #: Messages per LRANGE of a head read: the read stops within this many of the last one it needs.
 HEAD_STEP = 100
 

@@ -24,14 +24,17 @@ from ledger.states import BatchStatus, Quality, SampleStatus
 RECENT_WINDOW_S = 15 * 60
 
 
+_SAMPLE_COUNTS = "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s GROUP BY status"
+_QUALITY_COUNTS = ("SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = %(run)s AND quality <> '' "
+                   "GROUP BY quality")
+
+
 def sample_counts(conn, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
     """``(by status, by quality class)`` of a run's samples, from the trigger-kept ``run_sample_counts``
     (migration 0005): a few rows, whatever the run's size."""
     by_status = {s.value: 0 for s in SampleStatus}
-    by_status.update(_counts(conn, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s "
-                                   "GROUP BY status", run_id))
-    quality = _counts(conn, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = %(run)s AND quality <> '' "
-                            "GROUP BY quality", run_id)
+    by_status.update(_counts(conn, _SAMPLE_COUNTS, run_id))
+    quality = _counts(conn, _QUALITY_COUNTS, run_id)
     # Worst class first (ledger/quality.py's order).
     return by_status, {q.value: quality[q.value] for q in Quality if quality.get(q.value)}
 
@@ -42,6 +45,13 @@ def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
 
 #: Queued batches looked up on the broker at most: as many as a reconciler pass examines.
 BROKER_CHECK_LIMIT = 2000
+
+
+_REDELIVERED = ("SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
+                "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)")
+_OLDEST_QUEUED = ("SELECT id, enqueued_at, now() - make_interval(secs => %(grace)s) FROM batches "
+                  "WHERE run_id = %(run)s AND status = 'queued' AND enqueued_at IS NOT NULL "
+                  "ORDER BY enqueued_at LIMIT %(n)s")
 
 
 def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *,
@@ -56,13 +66,8 @@ def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *
     oldest queued batches, where a lost message is. ``queued_without_message`` is None when it
     cannot be told (no broker URL, the broker unreachable, or a head crowded with other messages).
     """
-    ((stale, republishes),) = fetch_rows(conn,
-        "SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
-        "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)", {"run": run_id})
-    rows = fetch_rows(conn,
-        "SELECT id, enqueued_at, now() - make_interval(secs => %(grace)s) FROM batches "
-        "WHERE run_id = %(run)s AND status = 'queued' AND enqueued_at IS NOT NULL ORDER BY enqueued_at LIMIT %(n)s",
-        {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})
+    ((stale, republishes),) = fetch_rows(conn, _REDELIVERED, {"run": run_id})
+    rows = fetch_rows(conn, _OLDEST_QUEUED, {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})
     without: int | None = 0
     if rows and rows[0][1] < rows[0][2]:
         without = None
@@ -93,6 +98,36 @@ def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | 
     return None if undecided and not missing else len(missing)
 
 
+# Each statement of a run's status, by name: run_status runs them, status_statements lists them
+# (bench/reconcile_scale.py EXPLAINs each on a 100M-sample ledger).
+_REJECTED = "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason"
+_BATCHES = "SELECT status, count(*) FROM batches WHERE run_id = %(run)s GROUP BY status"
+_TOKENS = ("SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
+           "min(started_at), max(finished_at) FROM batches WHERE run_id = %(run)s AND status = 'done'")
+_RECENT = ("SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
+           "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s)")
+_FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = %(run)s "
+           "AND status = 'failed' GROUP BY 1")
+_BATCH_ERRORS = ("SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
+                 "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10")
+# heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
+_WORKERS = ("SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
+            "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
+            "sum(n_samples) AS samples FROM batches "
+            "WHERE run_id = %(run)s AND status = 'running' GROUP BY worker ORDER BY worker")
+
+
+def status_statements(run_id: int, *, grace_s: float = QUEUED_GRACE_S) -> list[tuple[str, str, dict]]:
+    """``(name, SQL, parameters)`` of every statement ``run_status`` runs for one run (Redis aside)."""
+    run = {"run": run_id}
+    return [("sample counts", _SAMPLE_COUNTS, run), ("quality counts", _QUALITY_COUNTS, run),
+            ("rejected rows", _REJECTED, run), ("batches by status", _BATCHES, run),
+            ("tokens of done batches", _TOKENS, run), ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S}),
+            ("failure reasons", _FAILED, run), ("batch errors", _BATCH_ERRORS, run), ("workers", _WORKERS, run),
+            ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
+            ("oldest queued", _OLDEST_QUEUED, {**run, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
+
+
 def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None = None) -> list[dict]:
     """Every figure of ``regen status`` per run; ``broker_url``: look up stalled queued batches on Redis too."""
     runs = list_runs(conn, run_name)
@@ -101,34 +136,17 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
     for run in runs:
         rid = run.id
         samples, quality = sample_counts(conn, rid)
-        reasons = _counts(conn, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason",
-                          rid)
+        reasons = _counts(conn, _REJECTED, rid)
         duplicates = reasons.get("duplicate_id", 0)
         samples["rejected"] = sum(reasons.values()) - duplicates
         samples["duplicates"] = duplicates
         batches = {s.value: 0 for s in BatchStatus}
-        batches.update(_counts(conn, "SELECT status, count(*) FROM batches WHERE run_id = %(run)s GROUP BY status",
-                               rid))
-        (tokens,) = fetch_rows(conn,
-            "SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
-            "min(started_at), max(finished_at) FROM batches WHERE run_id = %(run)s AND status = 'done'",
-            {"run": rid})
-        (recent,) = fetch_rows(conn,
-            "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
-            "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s)",
-            {"run": rid, "w": RECENT_WINDOW_S})
-        sample_failures = _counts(conn,
-                                  "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = %(run)s "
-                                  "AND status = 'failed' GROUP BY 1", rid)
-        batch_errors = fetch_dicts(conn,
-            "SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
-            "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10", {"run": rid})
-        # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
-        workers = fetch_dicts(conn,
-            "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
-            "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
-            "sum(n_samples) AS samples FROM batches "
-            "WHERE run_id = %(run)s AND status = 'running' GROUP BY worker ORDER BY worker", {"run": rid})
+        batches.update(_counts(conn, _BATCHES, rid))
+        (tokens,) = fetch_rows(conn, _TOKENS, {"run": rid})
+        (recent,) = fetch_rows(conn, _RECENT, {"run": rid, "w": RECENT_WINDOW_S})
+        sample_failures = _counts(conn, _FAILED, rid)
+        batch_errors = fetch_dicts(conn, _BATCH_ERRORS, {"run": rid})
+        workers = fetch_dicts(conn, _WORKERS, {"run": rid})
         recent = (float(recent[0]), float(recent[1]), int(recent[2]))
         window_s = float(RECENT_WINDOW_S)
         if tokens[2] is not None:
@@ -168,6 +186,10 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
     return out
 
 
+_PROJECTION = ("SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
+               "WHERE run_id = %(run)s AND status = 'done'")
+
+
 def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float) -> dict:
     """Total completion tokens projected from the finished samples, and the ETA by tokens.
 
@@ -175,9 +197,7 @@ def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float)
     divides the tokens still to generate by the recent tokens/s. Unlike the ETA by
     samples it is not fooled by short samples finishing first.
     """
-    ((tokens, finished),) = fetch_rows(conn,
-        "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
-        "WHERE run_id = %(run)s AND status = 'done'", {"run": run_id})
+    ((tokens, finished),) = fetch_rows(conn, _PROJECTION, {"run": run_id})
     tokens, finished = int(tokens), int(finished)
     all_samples = samples["pending"] + samples["done"] + samples["failed"]
     if not finished:
