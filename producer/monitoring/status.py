@@ -11,7 +11,6 @@ SQLAlchemy import, ~0.2 s of a short command) or on a SQLAlchemy Session or Conn
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from ledger.defaults import QUEUED_GRACE_S
@@ -22,6 +21,12 @@ from ledger.states import BatchStatus, Quality, SampleStatus
 #: Window for "recent throughput": long enough to smooth over hour-long batches
 #: finishing one at a time on a few nodes, short enough to notice a slowdown.
 RECENT_WINDOW_S = 15 * 60
+#: ... or the last this many batches done, if fewer seconds hold them: a big farm's 15 minutes
+#: are ~94K batches, whose read took ~0.4 s; 2,000 are ~20 s of its commits, 128K samples.
+RECENT_BATCHES = 2000
+#: Failed samples whose reasons are counted (each a random read of ``samples``); beyond it the
+#: reasons are those of the first ones read, and ``samples.failed`` is still the exact total.
+FAILED_REASONS_READ = 2000
 
 
 _SAMPLE_COUNTS = "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s GROUP BY status"
@@ -39,8 +44,8 @@ def sample_counts(conn, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
     return by_status, {q.value: quality[q.value] for q in Quality if quality.get(q.value)}
 
 
-def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
-    return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id})}
+def _counts(conn: Any, sql: str, run_id: int, **params: Any) -> dict[str, int]:
+    return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id, **params})}
 
 
 #: Queued batches looked up on the broker at most: as many as a reconciler pass examines.
@@ -101,13 +106,19 @@ def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | 
 # Each statement of a run's status, by name: run_status runs them, status_statements lists them
 # (bench/reconcile_scale.py EXPLAINs each on a 100M-sample ledger).
 _REJECTED = "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason"
-_BATCHES = "SELECT status, count(*) FROM batches WHERE run_id = %(run)s GROUP BY status"
-_TOKENS = ("SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
-           "min(started_at), max(finished_at) FROM batches WHERE run_id = %(run)s AND status = 'done'")
-_RECENT = ("SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
-           "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s)")
-_FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = %(run)s "
-           "AND status = 'failed' GROUP BY 1")
+#: Batches by status: open, done and dead from the run's counters (migrations 0008, 0009); of the
+#: open ones, queued and running counted (a window and what the farm holds), planned the rest.
+_BATCHES = ("SELECT r.open_batches, r.done_batches, r.dead_batches, "
+            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'queued'), "
+            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'running'), "
+            "r.done_prompt_tokens, r.done_completion_tokens, r.done_samples FROM runs r WHERE r.id = %(run)s")
+#: The batches finished last, newest first (migration 0009's index): at most RECENT_BATCHES.
+_RECENT = ("SELECT completion_tokens, n_samples, started_at, finished_at, now() FROM batches "
+           "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s) "
+           "ORDER BY finished_at DESC LIMIT %(n)s")
+#: Failure reasons are counted over at most FAILED_REASONS_READ failed samples.
+_FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM (SELECT error FROM samples WHERE run_id = %(run)s "
+           "AND status = 'failed' LIMIT %(n)s) f GROUP BY 1")
 _BATCH_ERRORS = ("SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
                  "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10")
 # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
@@ -122,16 +133,15 @@ def status_statements(run_id: int, *, grace_s: float = QUEUED_GRACE_S) -> list[t
     run = {"run": run_id}
     return [("sample counts", _SAMPLE_COUNTS, run), ("quality counts", _QUALITY_COUNTS, run),
             ("rejected rows", _REJECTED, run), ("batches by status", _BATCHES, run),
-            ("tokens of done batches", _TOKENS, run), ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S}),
-            ("failure reasons", _FAILED, run), ("batch errors", _BATCH_ERRORS, run), ("workers", _WORKERS, run),
-            ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
+            ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES}),
+            ("failure reasons", _FAILED, {**run, "n": FAILED_REASONS_READ}), ("batch errors", _BATCH_ERRORS, run),
+            ("workers", _WORKERS, run), ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
             ("oldest queued", _OLDEST_QUEUED, {**run, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
 
 
 def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None = None) -> list[dict]:
     """Every figure of ``regen status`` per run; ``broker_url``: look up stalled queued batches on Redis too."""
     runs = list_runs(conn, run_name)
-    now = datetime.now(timezone.utc)
     out = []
     for run in runs:
         rid = run.id
@@ -140,17 +150,16 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
         duplicates = reasons.get("duplicate_id", 0)
         samples["rejected"] = sum(reasons.values()) - duplicates
         samples["duplicates"] = duplicates
+        ((open_, done, dead, queued, running, prompt_tokens, completion_tokens, done_samples),) = fetch_rows(
+            conn, _BATCHES, {"run": rid})
         batches = {s.value: 0 for s in BatchStatus}
-        batches.update(_counts(conn, _BATCHES, rid))
-        (tokens,) = fetch_rows(conn, _TOKENS, {"run": rid})
-        (recent,) = fetch_rows(conn, _RECENT, {"run": rid, "w": RECENT_WINDOW_S})
-        sample_failures = _counts(conn, _FAILED, rid)
+        batches.update({"planned": max(0, open_ - queued - running), "queued": queued, "running": running,
+                        "done": done, "dead": dead})
+        recent_rows = fetch_rows(conn, _RECENT, {"run": rid, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES})
+        sample_failures = _counts(conn, _FAILED, rid, n=FAILED_REASONS_READ)
         batch_errors = fetch_dicts(conn, _BATCH_ERRORS, {"run": rid})
         workers = fetch_dicts(conn, _WORKERS, {"run": rid})
-        recent = (float(recent[0]), float(recent[1]), int(recent[2]))
-        window_s = float(RECENT_WINDOW_S)
-        if tokens[2] is not None:
-            window_s = min(RECENT_WINDOW_S, max(1.0, (now - tokens[2]).total_seconds()))
+        recent, window_s = recent_throughput(recent_rows, done_batches=done)
         remaining = samples["pending"]
         samples_per_s = recent[1] / window_s if recent[2] else 0.0
         out.append({
@@ -169,7 +178,7 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
             "failed_reasons": sample_failures,
             "quality": quality,
             "batches": batches,
-            "tokens": {"prompt": int(tokens[0]), "completion": int(tokens[1])},
+            "tokens": {"prompt": int(prompt_tokens), "completion": int(completion_tokens)},
             "throughput": {
                 "window_s": round(window_s, 1),
                 "completion_tokens_per_s": round(recent[0] / window_s, 1) if recent[2] else 0.0,
@@ -186,8 +195,31 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
     return out
 
 
-_PROJECTION = ("SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
-               "WHERE run_id = %(run)s AND status = 'done'")
+_PROJECTION = "SELECT done_completion_tokens, done_samples FROM runs WHERE id = %(run)s"
+
+
+def recent_throughput(rows: list, *, done_batches: int) -> tuple[tuple[float, float, int], float]:
+    """``((completion tokens, samples, batches), window_s)`` from the batches finished last (``_RECENT``).
+
+    Fewer than RECENT_BATCHES in the window: all of them over the window, or over the time since
+    the first of them started when they are the run's only done batches (a young run). As many:
+    those after the oldest over the time since it finished.
+    """
+    if not rows:
+        return (0.0, 0.0, 0), float(RECENT_WINDOW_S)
+    now = rows[0][4]
+    if len(rows) < RECENT_BATCHES:
+        window_s = float(RECENT_WINDOW_S)
+        if len(rows) >= done_batches:
+            starts = [r[2] for r in rows if r[2] is not None]
+            if starts:
+                window_s = min(RECENT_WINDOW_S, max(1.0, (now - min(starts)).total_seconds()))
+        counted = rows
+    else:
+        window_s = max(1.0, (now - rows[-1][3]).total_seconds())
+        counted = rows[:-1]
+    return ((float(sum(r[0] or 0 for r in counted)), float(sum(r[1] or 0 for r in counted)), len(counted)),
+            window_s)
 
 
 def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float) -> dict:
@@ -259,7 +291,9 @@ def render_status(runs: list[dict]) -> str:
         if r.get("quality"):
             lines.append("  quality   " + ", ".join(f"{k} {v:,}" for k, v in r["quality"].items()))
         if r["failed_reasons"]:
-            lines.append("  failed    " + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
+            read = sum(r["failed_reasons"].values())
+            of = f"(the first {read:,} of {s['failed']:,}) " if read < s["failed"] else ""
+            lines.append("  failed    " + of + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
         for e in r["batch_errors"]:
             lines.append(f"  batch {e['seq']} [{e['status']}, {e['failures']} failures]: {str(e['error'])[:160]}")
         lines.extend(_broker_lines(r))
