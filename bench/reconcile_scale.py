@@ -65,7 +65,9 @@ ROWS = [
 # --- the child: one side's measurements on the shared ledger ------------------------------------------
 
 
-def _median_ms(fn, repeat: int, before=None) -> float:
+def _median_ms(fn, repeat: int, before=None) -> list[float]:
+    """[median, fastest] of ``repeat`` calls, in ms: the median is what a shared machine gives, the
+    fastest what the work costs when nothing else runs."""
     times = []
     for _ in range(repeat):
         if before:
@@ -73,7 +75,7 @@ def _median_ms(fn, repeat: int, before=None) -> float:
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+    return [statistics.median(times), min(times)]
 
 
 def _child(args) -> dict:
@@ -157,6 +159,7 @@ def _child(args) -> dict:
                 out.setdefault("status_text" + "_".join(flags), result.output)
             return run
 
+        out["head_read"] = _head_read(sessions, r, args)
         out["status"] = _median_ms(status(), args.repeat)
         out["status_json"] = _median_ms(status("--json"), args.repeat)
         t = time.perf_counter()
@@ -167,6 +170,21 @@ def _child(args) -> dict:
         stamp("now() - make_interval(secs => 10 + (m.last - b.seq) * 0.001)")
     engine.dispose()
     return out
+
+
+def _head_read(sessions, r, args) -> str:
+    """Messages a pass reads from Redis in the "all due" case: the head (this tree) or the whole queue."""
+    try:
+        from ledger.broker import find_at_head
+    except ImportError:
+        return f"{r.llen(args.queue):,} (the whole queue)"
+    from sqlalchemy import text
+
+    with sessions() as s:
+        ids = s.execute(text("SELECT id FROM batches WHERE run_id = :r AND status = 'queued' ORDER BY enqueued_at "
+                             "LIMIT 2000"), {"r": args.run_id}).scalars().all()
+    scan = find_at_head(r, args.queue, ids, must=len(ids))
+    return f"{scan.read:,} of {scan.length:,} (the head)"
 
 
 # --- the parent: the ledger, both sides, the table -----------------------------------------------------
@@ -289,14 +307,17 @@ def main() -> None:
                 sides["before"] = _side(root, args, settings.database_url, run_id)
         sides["after"] = _side(str(ROOT), args, settings.database_url, run_id)
         names = list(sides)
-        head = "".join(f"{n + (' (' + args.before + ')' if n == 'before' else ''):>16}" for n in names)
-        print(f"\n{'':52}{head}{'goal':>8}")
+        head = "".join(f"{n + (' (' + args.before + ')' if n == 'before' else ''):>24}" for n in names)
+        print(f"\nms, median (fastest) of {args.repeat}; load average {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores\n{'':50}{head}{'goal':>8}")
         for key, label in ROWS:
-            cells = "".join(f"{sides[n][key]:13.1f} ms" for n in names)
-            verdict = "ok" if sides[names[-1]][key] < GOAL_MS else "OVER"
-            print(f"{label.format(**vars(args)):52}{cells}  <{GOAL_MS:.0f} {verdict}")
-        print(f"{'regen status --run big, a new process (Python start-up)':52}"
-              + "".join(f"{sides[n]['status_process']:13.1f} ms" for n in names))
+            cells = "".join(f"{sides[n][key][0]:14.1f} ({sides[n][key][1]:6.1f})" for n in names)
+            verdict = "ok" if sides[names[-1]][key][0] < GOAL_MS else "OVER"
+            print(f"{label.format(**vars(args)):50}{cells}  <{GOAL_MS:.0f} {verdict}")
+        print(f"{'regen status --run big, a new process (start-up too)':50}"
+              + "".join(f"{sides[n]['status_process']:23.1f}" for n in names))
+        for n in names:
+            print(f"messages read from Redis by a pass, all due ({n}): {sides[n]['head_read']}")
         print("\nthis tree's status statements (EXPLAIN ANALYZE, one run):")
         with psycopg.connect(settings.libpq_url) as conn:
             for line in _explain_status(conn, run_id):

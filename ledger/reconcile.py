@@ -17,10 +17,11 @@ the broker will not deliver soon:
 * ``queued`` batches published more than ``grace_s`` ago whose message is neither
   waiting on their queue nor claimed: lost (Redis flushed or restarted empty, the
   BRPOP-to-unacked hole), or delivered to a consumer that is gone (its ``unacked``
-  entries come back only after the 6-hour visibility timeout). The pass reads the ids
-  waiting on the queue (ledger/broker.py) and republishes, at the front, those of the
-  oldest queued batches that are not there: at most ``REPUBLISH_PER_PASS`` per queue,
-  each at most once per grace period (``enqueued_at`` restarts, ``republishes + 1``).
+  entries come back only after the 6-hour visibility timeout). The pass reads the head
+  of the queue, as far as the oldest queued batches' messages (ledger/broker.py
+  ``missing_messages``: a queue is first in, first out), and republishes, at the front,
+  those of the oldest queued batches that are not there: at most ``REPUBLISH_PER_PASS``
+  per queue, each at most once per grace period (``enqueued_at`` restarts, ``republishes + 1``).
   A live consumer's delivery that waits longer than the grace period for a free thread
   gets a second message too; that is harmless (below) and lets an idle worker take it.
 
@@ -39,7 +40,8 @@ counted in ``batches.stale_deliveries``.
 Every worker offers a pass every ``--reconcile-s``; one runs at a time (an advisory
 lock) and at most one per interval farm-wide (``reconciler_state``), so a pass costs the
 same with 1,000 workers as with one. Each query reads only the rows it may act on
-(partial indexes of migration 0007, LIMITs), whatever the ledger's size.
+(partial indexes of migration 0007, LIMITs), whatever the ledger's size, and of Redis the
+pass reads a bounded head of each queue, whatever the queue's length.
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ log = logging.getLogger(__name__)
 RECONCILER_LOCK = 727463
 #: Lost messages republished per queue and pass: a flushed Redis's window is back in a few passes.
 REPUBLISH_PER_PASS = 2000
-#: The ready list is read only up to this many times the window; a longer one (messages
-#: published before the window existed) is not read, and its lost deliveries wait for
-#: the visibility timeout or `regen requeue`.
+#: `regen requeue` reads a whole queue only up to this many times the window; a longer one
+#: (messages published before the window existed) is not read, and all of its queued batches
+#: are republished (duplicates, harmless).
 SCAN_WINDOWS = 4
 #: Rows per statement when `regen requeue` republishes every queued batch.
 REQUEUE_CHUNK = 5000
@@ -204,12 +206,11 @@ def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_
     Reads the oldest queued batches and the head of the queue only (ledger/broker.py
     ``missing_messages``): a pass costs the same with 17,000 messages waiting as with 100.
     """
-    rows = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": REPUBLISH_PER_PASS}).all()
-    if not rows:
-        return 0
     due = session.execute(_DUE, {"grace": grace_s}).scalar_one()
-    if rows[0].enqueued_at >= due:
+    oldest = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": 1}).first()
+    if oldest is None or oldest.enqueued_at >= due:
         return 0  # the oldest is within its grace period: nothing to look for on Redis
+    rows = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": REPUBLISH_PER_PASS}).all()
 
     def enqueued_at(ids: list[int]) -> dict[int, object]:
         return dict(session.execute(_ENQUEUED_AT, {"ids": ids}).all()) if ids else {}
