@@ -134,7 +134,7 @@ class HeadScan:
 
 
 def find_at_head(client: redis_lib.Redis, queue: str, wanted: Sequence[int], *, must: int,
-                 limit: int = HEAD_SCAN_LIMIT) -> HeadScan:
+                 limit: int | None = None) -> HeadScan:
     """The messages at the head of ``queue``: read from the next one to be delivered backwards until
     the first ``must`` ids of ``wanted`` are all seen, ``limit`` messages are read, or the queue ends.
 
@@ -142,6 +142,7 @@ def find_at_head(client: redis_lib.Redis, queue: str, wanted: Sequence[int], *, 
     ``limit`` below ~7,900).
     """
     script = client.register_script(_FIND_AT_HEAD)
+    limit = HEAD_SCAN_LIMIT if limit is None else limit
     read, length, *seen = script(keys=[queue], args=[limit, must, HEAD_STEP, *wanted])
     return HeadScan(frozenset(int(i) for i in seen), int(read), int(length))
 
@@ -159,10 +160,11 @@ EnqueuedAt = Callable[[list[int]], dict[int, datetime]]
 
 
 def missing_messages(oldest: Sequence[Queued], due: datetime, client: redis_lib.Redis, queue: str,
-                     enqueued_at: EnqueuedAt, *, limit: int = HEAD_SCAN_LIMIT,
+                     enqueued_at: EnqueuedAt, *, limit: int | None = None,
                      slack_s: float = ORDER_SLACK_S) -> tuple[list[Queued], int]:
     """Of a queue's oldest queued batches (``oldest``), those published before ``due`` whose message
-    is not waiting on ``queue``: ``(missing, undecided)``.
+    is not waiting on ``queue``: ``(missing, undecided)``. ``limit``: messages read at most
+    (HEAD_SCAN_LIMIT).
 
     A queue is first in, first out: a message published before another is delivered before
     it. So a batch whose message still waits sits nearer the head than every batch published
