@@ -24,6 +24,11 @@ from .settings import Settings
 
 def connect(settings: Settings) -> psycopg.Connection:
     """A psycopg connection to the ledger, for a command that only reads (closed by ``with``)."""
+    if settings.database_pooler == "transaction":
+        # As ledger/db.py: status runs its queries once per run, so past psycopg's threshold (5)
+        # it would prepare them, and leave them on a pooled server connection whose next client
+        # prepares the same names ("prepared statement _pg3_0 already exists").
+        return psycopg.connect(settings.libpq_url, prepare_threshold=None)
     return psycopg.connect(settings.libpq_url)
 
 

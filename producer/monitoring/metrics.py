@@ -29,7 +29,7 @@ import redis as redis_lib
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -265,9 +265,16 @@ def collect(settings: Settings, *, db: Engine | None = None, redis_client: redis
 
 
 def ledger_engine(settings: Settings) -> Engine:
-    return make_engine(settings, pool_size=2, max_overflow=2,
-                       connect_args={"options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
-                                     "connect_timeout": 5})
+    engine = make_engine(settings, pool_size=2, max_overflow=2, connect_args={"connect_timeout": 5})
+
+    # The timeout is set in each transaction, not as a startup option (``-c statement_timeout``):
+    # PgBouncer refuses that ("unsupported startup parameter: options"), and a session setting
+    # would stay behind on a pooled server connection for its next client.
+    @event.listens_for(engine, "begin")
+    def _bounded(conn) -> None:
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+    return engine
 
 
 def broker_client(settings: Settings) -> redis_lib.Redis:

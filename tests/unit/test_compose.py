@@ -22,100 +22,38 @@ from urllib.parse import urlsplit
 
 import click
 import pytest
-import yaml
 from click.testing import CliRunner
 
 import worker.launcher
-from ledger.settings import sqlalchemy_url
+import worker.runtime
+from ledger.settings import Settings, sqlalchemy_url
 from producer.cli import main
+from tests.support.compose import (
+    COMPOSE,
+    DUMMY_SECRETS,
+    ROOT,
+    MissingVariable,
+    dummy_env,
+    env_example,
+    load_compose,
+    referenced_variables,
+)
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-ENV_EXAMPLE = ROOT / ".env.example"
 PRODUCER_DOCKERFILE = ROOT / "docker" / "producer.Dockerfile"
 WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
+PGBOUNCER_DOCKERFILE = ROOT / "docker" / "pgbouncer.Dockerfile"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
-SERVICES = {"postgres", "redis", "s3", "s3-init", "migrate", "flower", "producer", "worker", "worker-cpu"}
+SERVICES = {"postgres", "pgbouncer", "redis", "s3", "s3-init", "migrate", "flower", "producer", "worker", "worker-cpu"}
 REGEN_SERVICES = {"migrate", "flower", "producer", "worker", "worker-cpu"}
-DUMMY_SECRETS = {"POSTGRES_PASSWORD": "pg0dummy", "REDIS_PASSWORD": "redis0dummy", "REGEN_S3_ACCESS_KEY": "s3dummy",
-                 "REGEN_S3_SECRET_KEY": "s3secret0dummy", "FLOWER_PASSWORD": "flower0dummy"}
+#: Every regen container but migrate reaches the ledger through pgbouncer.
+POOLED_SERVICES = REGEN_SERVICES - {"migrate"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY")
-
-# --- compose interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $VAR, $$
-_VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_]\w*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
-                  r"|(?P<named>[A-Za-z_]\w*))")
-
-
-class MissingVariable(KeyError):
-    pass
-
-
-def interpolate(value, env: dict[str, str]):
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(m: re.Match) -> str:
-        if m["escaped"]:
-            return "$"
-        name, op, arg = m["braced"] or m["named"], m["op"] or "", m["arg"] or ""
-        val = env.get(name)
-        missing = (not val) if op.startswith(":") else val is None
-        if not op or not missing:
-            return val or ""
-        if op.endswith("-"):
-            return arg
-        raise MissingVariable(f"{name}: {arg}")
-
-    return _VAR.sub(substitute, value)
-
-
-def raw_values(node) -> list[str]:
-    """Every string value under ``node``: what compose interpolates (comments and keys are not)."""
-    if isinstance(node, dict):
-        return [s for v in node.values() for s in raw_values(v)]
-    if isinstance(node, list):
-        return [s for v in node for s in raw_values(v)]
-    return [node] if isinstance(node, str) else []
-
-
-def referenced_variables() -> dict[str, set[str]]:
-    """Each variable the compose file interpolates, with the operators (and defaults) it is used with."""
-    out: dict[str, set[str]] = {}
-    for m in _VAR.finditer("\n".join(raw_values(yaml.safe_load(COMPOSE.read_text())))):
-        if not m["escaped"]:
-            out.setdefault(m["braced"] or m["named"], set()).add((m["op"] or "") + (m["arg"] or "" if m["op"] == ":-" else ""))
-    return out
-
-
-def env_example() -> tuple[dict[str, str], set[str]]:
-    """The example's active ``NAME=value`` lines, and every name it documents (commented ones too)."""
-    active, documented = {}, set()
-    for line in ENV_EXAMPLE.read_text().splitlines():
-        m = re.match(r"^(#\s*)?([A-Z_][A-Z0-9_]*)=(.*)$", line.strip())
-        if m:
-            documented.add(m[2])
-            if not m[1]:
-                active[m[2]] = m[3]
-    return active, documented
-
-
-def dummy_env(**overrides: str) -> dict[str, str]:
-    active, _ = env_example()
-    return {**active, **DUMMY_SECRETS, **overrides}
-
-
-def load_compose(env: dict[str, str] | None = None) -> dict:
-    return interpolate(yaml.safe_load(COMPOSE.read_text()), dummy_env() if env is None else env)
 
 
 # --- Dockerfiles ------------------------------------------------------------------------------
@@ -245,16 +183,18 @@ def test_regen_containers_share_one_environment():
     compose = load_compose()
     shared = compose["x-regen-env"]
     assert {"DATABASE_URL", "REDIS_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-            "AWS_DEFAULT_REGION"} <= set(shared)
+            "AWS_DEFAULT_REGION", "REGEN_DB_POOLER"} <= set(shared)
+    ledger_keys = {"DATABASE_URL", "REGEN_DB_POOLER"}  # migrate's differ: it goes to Postgres directly
     for name in REGEN_SERVICES:
         env = compose["services"][name]["environment"]
-        assert {k: env.get(k) for k in shared} == shared, name
+        keys = set(shared) - ledger_keys if name == "migrate" else set(shared)
+        assert {k: env.get(k) for k in keys} == {k: shared[k] for k in keys}, name
 
 
 def test_database_and_broker_urls_have_the_standard_form():
     env = load_compose()["x-regen-env"]
     db = urlsplit(env["DATABASE_URL"])
-    assert (db.scheme, db.hostname, db.port, db.path) == ("postgresql", "postgres", 5432, "/regen")
+    assert (db.scheme, db.hostname, db.port, db.path) == ("postgresql", "pgbouncer", 6432, "/regen")
     assert (db.username, db.password) == ("regen", DUMMY_SECRETS["POSTGRES_PASSWORD"])
     assert sqlalchemy_url(env["DATABASE_URL"]).startswith("postgresql+psycopg://")
     broker = urlsplit(env["REDIS_URL"])
@@ -327,7 +267,71 @@ def test_redis_keeps_an_fsynced_append_only_file_and_never_evicts():
     assert options["--appendonly"] == "yes"
     assert options["--appendfsync"] == "everysec"
     assert options["--maxmemory-policy"] == "noeviction"
+    # Bounded, with room for a 1,000-GPU farm: a window (15 MB) + held batches (~0.8 GB at most).
+    assert re.fullmatch(r"\d+gb", options["--maxmemory"]) and int(options["--maxmemory"][:-2]) >= 1
     assert any(v.endswith(":/data") for v in redis["volumes"]) and redis["healthcheck"]
+
+
+def _ledger_settings(service: dict) -> Settings:
+    """The ledger settings a regen container builds from its environment (ledger/settings.py)."""
+    env = {k: str(v) for k, v in service["environment"].items()}
+    return Settings(database_url=env["DATABASE_URL"], database_pooler=env.get("REGEN_DB_POOLER") or None)
+
+
+@pytest.mark.parametrize("node", ["head", "gpu-node"])
+def test_every_regen_service_but_migrate_reaches_the_ledger_through_pgbouncer_in_transaction_mode(node):
+    # On a GPU node (docs/deploy.md, "Adding GPU nodes") the workers reach the head node's pgbouncer.
+    host = "pgbouncer" if node == "head" else "head.internal"
+    services = load_compose(dummy_env(REGEN_PGBOUNCER_HOST=host) if node == "gpu-node" else None)["services"]
+    bouncer = services["pgbouncer"]["environment"]
+    assert bouncer["PGBOUNCER_POOL_MODE"] == "transaction"
+    for name in POOLED_SERVICES:
+        settings = _ledger_settings(services[name])
+        url = urlsplit(settings.database_url)
+        assert (url.hostname, url.port) == (host, int(bouncer["PGBOUNCER_LISTEN_PORT"])), name
+        assert url.path.lstrip("/") == bouncer["DB_NAME"] and url.username == bouncer["DB_USER"], name
+        assert url.password == bouncer["DB_PASSWORD"], name
+        # No prepared statement: the next transaction may run on another server connection.
+        assert settings.database_pooler == "transaction", name
+    for name in ("producer", "worker", "worker-cpu"):
+        assert services[name]["depends_on"]["pgbouncer"]["condition"] == "service_healthy", name
+
+
+def test_migrate_goes_to_postgres_directly_and_pgbouncer_is_in_front_of_it():
+    services = load_compose()["services"]
+    settings = _ledger_settings(services["migrate"])
+    url = urlsplit(settings.database_url)
+    assert (url.hostname, url.port, url.path) == ("postgres", 5432, "/regen")
+    assert settings.database_pooler is None
+    assert "pgbouncer" not in services["migrate"].get("depends_on", {})
+    bouncer = services["pgbouncer"]
+    assert (bouncer["environment"]["DB_HOST"], bouncer["environment"]["DB_PORT"]) == ("postgres", "5432")
+    assert bouncer["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "psql" in " ".join(bouncer["healthcheck"]["test"])
+
+
+def _postgres_max_connections(services: dict) -> int:
+    args = [str(a) for a in services["postgres"]["command"]]
+    return int(next(a.split("=", 1)[1] for a in args if a.startswith("max_connections=")))
+
+
+@pytest.mark.parametrize("env", ["env-example", "compose-defaults"])
+def test_pgbouncer_keeps_postgres_within_its_connections_for_a_farm_of_1000_gpus(env):
+    services = load_compose(dummy_env() if env == "env-example" else {**DUMMY_SECRETS, "FLOWER_USER": "ops"})[
+        "services"]
+    bouncer = services["pgbouncer"]["environment"]
+    pool = int(bouncer["PGBOUNCER_DEFAULT_POOL_SIZE"])
+    # One database, one login: the pool is every server connection; nothing beyond it.
+    assert int(bouncer["PGBOUNCER_MAX_DB_CONNECTIONS"]) == pool
+    assert int(bouncer["PGBOUNCER_RESERVE_POOL_SIZE"]) == 0
+    # The issue's goal (<= 500 at Postgres), with room left for migrate, psql, regen metrics, pg_dump.
+    assert pool + 50 <= _postgres_max_connections(services) <= 500
+    # 1,000 GPUs at --tp 1: 1,000 worker processes of up to 4 connections each (worker/runtime.py).
+    clients = int(bouncer["PGBOUNCER_MAX_CLIENT_CONN"])
+    assert clients >= 1000 * (worker.runtime.DB_POOL_SIZE + worker.runtime.DB_MAX_OVERFLOW)
+    nofile = services["pgbouncer"]["ulimits"]["nofile"]
+    assert min(int(nofile["soft"]), int(nofile["hard"])) >= clients + pool + 100
+    assert int(bouncer["PGBOUNCER_LISTEN_BACKLOG"]) >= 1024
 
 
 def test_postgres_has_a_healthcheck_a_volume_and_the_regen_database():
@@ -399,7 +403,8 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-@pytest.mark.parametrize("dockerfile", [PRODUCER_DOCKERFILE, WORKER_DOCKERFILE], ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", [PRODUCER_DOCKERFILE, WORKER_DOCKERFILE, PGBOUNCER_DOCKERFILE],
+                         ids=lambda p: p.name)
 def test_dockerfiles_copy_files_that_exist_and_reach_the_build_context(dockerfile):
     patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
                 if ln.strip() and not ln.startswith("#")]
@@ -424,6 +429,18 @@ def test_every_image_runs_regen(dockerfile, stage):
 
 def _pip_installs(stage: list[tuple[str, str]]) -> list[str]:
     return [cmd for instr, args in stage if instr == "RUN" for cmd in args.split("&&") if "pip install" in cmd]
+
+
+def test_pgbouncer_image_runs_debians_pgbouncer_1_18_through_its_entrypoint_not_as_root():
+    stage = dockerfile_stages(PGBOUNCER_DOCKERFILE)["0"]
+    installs = " ".join(a for i, a in stage if i == "RUN")
+    assert '"pgbouncer=1.18.*"' in installs  # the release .ci/run installs and the tests run against
+    assert global_args(PGBOUNCER_DOCKERFILE)["DEBIAN_IMAGE"].startswith("debian:bookworm")
+    entrypoint = stage_value(stage, "ENTRYPOINT")
+    assert entrypoint == ["/usr/local/bin/pgbouncer-entrypoint.sh"]
+    assert ("COPY", f"docker/pgbouncer-entrypoint.sh {entrypoint[0]}") in stage
+    assert ("USER", "postgres") in stage
+    assert os.access(ROOT / "docker" / "pgbouncer-entrypoint.sh", os.X_OK)
 
 
 def test_producer_image_installs_neither_vllm_nor_torch():
