@@ -60,6 +60,13 @@ class Run(Base):
     gate_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Batches not yet done or dead, kept by triggers on batches (migration 0008); never written here.
     open_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: Done and dead batches, and the done ones' samples and tokens, kept by the same triggers
+    #: (migration 0009): what ``regen status`` shows without a walk over the run's batches.
+    done_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    dead_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    done_samples: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    done_prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    done_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
     __table_args__ = (CheckConstraint(_in("status", RunStatus), name="runs_status_check"),)
 
@@ -112,6 +119,8 @@ class Batch(Base):
         Index("batches_queued_idx", "run_id", "enqueued_at", postgresql_where=text("status = 'queued'")),
         Index("batches_redelivered_idx", "run_id",
               postgresql_where=text("stale_deliveries > 0 OR republishes > 0")),
+        # regen status's recent throughput: the last batches done (migration 0009).
+        Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
     )
 
 

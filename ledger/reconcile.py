@@ -17,10 +17,11 @@ the broker will not deliver soon:
 * ``queued`` batches published more than ``grace_s`` ago whose message is neither
   waiting on their queue nor claimed: lost (Redis flushed or restarted empty, the
   BRPOP-to-unacked hole), or delivered to a consumer that is gone (its ``unacked``
-  entries come back only after the 6-hour visibility timeout). The pass reads the ids
-  waiting on the queue (ledger/broker.py) and republishes, at the front, those of the
-  oldest queued batches that are not there: at most ``REPUBLISH_PER_PASS`` per queue,
-  each at most once per grace period (``enqueued_at`` restarts, ``republishes + 1``).
+  entries come back only after the 6-hour visibility timeout). The pass reads the head
+  of the queue, as far as the oldest queued batches' messages (ledger/broker.py
+  ``missing_messages``: a queue is first in, first out), and republishes, at the front,
+  those of the oldest queued batches that are not there: at most ``REPUBLISH_PER_PASS``
+  per queue, each at most once per grace period (``enqueued_at`` restarts, ``republishes + 1``).
   A live consumer's delivery that waits longer than the grace period for a free thread
   gets a second message too; that is harmless (below) and lets an idle worker take it.
 
@@ -39,7 +40,8 @@ counted in ``batches.stale_deliveries``.
 Every worker offers a pass every ``--reconcile-s``; one runs at a time (an advisory
 lock) and at most one per interval farm-wide (``reconciler_state``), so a pass costs the
 same with 1,000 workers as with one. Each query reads only the rows it may act on
-(partial indexes of migration 0007, LIMITs), whatever the ledger's size.
+(partial indexes of migration 0007, LIMITs), whatever the ledger's size, and of Redis the
+pass reads a bounded head of each queue, whatever the queue's length.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import transitions
-from .broker import ready_batch_ids, ready_length
+from .broker import Queued, missing_messages, ready_batch_ids, ready_length
 from .defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -71,9 +73,9 @@ log = logging.getLogger(__name__)
 RECONCILER_LOCK = 727463
 #: Lost messages republished per queue and pass: a flushed Redis's window is back in a few passes.
 REPUBLISH_PER_PASS = 2000
-#: The ready list is read only up to this many times the window; a longer one (messages
-#: published before the window existed) is not read, and its lost deliveries wait for
-#: the visibility timeout or `regen requeue`.
+#: `regen requeue` reads a whole queue only up to this many times the window; a longer one
+#: (messages published before the window existed) is not read, and all of its queued batches
+#: are republished (duplicates, harmless).
 SCAN_WINDOWS = 4
 #: Rows per statement when `regen requeue` republishes every queued batch.
 REQUEUE_CHUNK = 5000
@@ -103,16 +105,21 @@ SELECT {_MESSAGE_COLUMNS} FROM runs r CROSS JOIN LATERAL (
 WHERE r.queue = :queue AND r.status = 'active' AND (CAST(:run AS int) IS NULL OR r.id = :run)
 ORDER BY r.id, b.seq LIMIT :n""")
 
-#: A queue's queued batches published longest ago (beyond the grace period). A waiting
-#: message sits behind those published before it, so a delivered or lost one is among
-#: the oldest: reading them first finds it even when thousands wait healthily.
-_STALE_QUEUED = text(f"""
+#: A queue's queued batches published longest ago, whether past the grace period or not (the
+#: later ones only witness the order: ledger/broker.py ``missing_messages``). A waiting message
+#: sits behind those published before it, so a delivered or lost one is among the oldest:
+#: reading them first finds it even when thousands wait healthily.
+_OLDEST_QUEUED = text(f"""
 SELECT {_MESSAGE_COLUMNS}, b.enqueued_at FROM runs r CROSS JOIN LATERAL (
     SELECT id, seq, input_key, enqueued_at FROM batches
-    WHERE run_id = r.id AND status = 'queued' AND enqueued_at < now() - make_interval(secs => :grace)
-    ORDER BY enqueued_at LIMIT :n) b
+    WHERE run_id = r.id AND status = 'queued' AND enqueued_at IS NOT NULL ORDER BY enqueued_at LIMIT :n) b
 WHERE r.queue = :queue AND r.status = 'active'
 ORDER BY b.enqueued_at LIMIT :n""")
+
+_DUE = text("SELECT now() - make_interval(secs => :grace)")
+
+#: The publish times of queued batches seen at the head of a queue (the witnesses of its order).
+_ENQUEUED_AT = text("SELECT id, enqueued_at FROM batches WHERE id = ANY(:ids) AND status = 'queued'")
 
 _ACTIVE_QUEUES = text("SELECT DISTINCT queue FROM runs WHERE status = 'active' "
                       "AND (CAST(:run AS int) IS NULL OR id = :run) ORDER BY queue")
@@ -193,28 +200,38 @@ def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id:
     return total
 
 
-def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float, window: int) -> int:
-    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front."""
-    candidates = session.execute(_STALE_QUEUED, {"queue": queue, "grace": grace_s, "n": REPUBLISH_PER_PASS}).all()
-    if not candidates:
-        return 0
-    waiting = ready_batch_ids(client, queue, limit=SCAN_WINDOWS * window)
-    if waiting is None:
-        log.warning("reconciler: queue %s holds more than %d messages; lost deliveries on it are not looked for",
-                    queue, SCAN_WINDOWS * window)
-        return 0
-    missing = [r for r in candidates if r.id not in waiting]
+def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float) -> int:
+    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front.
+
+    Reads the oldest queued batches and the head of the queue only (ledger/broker.py
+    ``missing_messages``): a pass costs the same with 17,000 messages waiting as with 100.
+    """
+    due = session.execute(_DUE, {"grace": grace_s}).scalar_one()
+    oldest = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": 1}).first()
+    if oldest is None or oldest.enqueued_at >= due:
+        return 0  # the oldest is within its grace period: nothing to look for on Redis
+    rows = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": REPUBLISH_PER_PASS}).all()
+
+    def enqueued_at(ids: list[int]) -> dict[int, object]:
+        return dict(session.execute(_ENQUEUED_AT, {"ids": ids}).all()) if ids else {}
+
+    by_id = {r.id: r for r in rows}
+    missing, undecided = missing_messages([Queued(r.id, r.enqueued_at) for r in rows], due, client, queue,
+                                          enqueued_at)
+    if undecided:
+        log.info("reconciler: %d queued batches of queue %s are not at its head and no later message was "
+                 "seen there: looked for again next pass", undecided, queue)
     if not missing:
         return 0
     with session.begin_nested():
-        still = transitions.mark_message_lost(session, [r.id for r in missing])
-        missing = [r for r in missing if r.id in still]
-        _publish(app, missing, queue=queue, front=True)
+        still = transitions.mark_message_lost(session, [b.id for b in missing])
+        lost = [by_id[b.id] for b in missing if b.id in still]
+        _publish(app, lost, queue=queue, front=True)
     log.warning("reconciler: %d queued batches of queue %s had no message waiting and none claimed %.0f s after "
                 "their last one (lost, or held by a consumer that is gone): published again, first in line "
-                "(batch ids %s%s)", len(missing), queue, grace_s, [r.id for r in missing[:10]],
-                "..." if len(missing) > 10 else "")
-    return len(missing)
+                "(batch ids %s%s)", len(lost), queue, grace_s, [r.id for r in lost[:10]],
+                "..." if len(lost) > 10 else "")
+    return len(lost)
 
 
 def _take_pass(session: Session, *, min_interval_s: float, worker: str | None) -> bool:
@@ -250,7 +267,7 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
                     _publish_by_queue(app, rows, front=True)
                     report.republished += len(rows)
                 for queue in queues:
-                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s, window=window)
+                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s)
                     report.lost += lost
                     report.republished += lost
                     report.topped_up += _top_up_queue(s, app, client, queue, window=window, run_id=None)

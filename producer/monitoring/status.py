@@ -1,8 +1,11 @@
 """``regen status``: per run, where every sample is, why rows were rejected, how fast it goes.
 
-Every figure is one aggregate query over indexed columns or over the trigger-kept
-``run_sample_counts`` (a few rows per run, migration 0005), so its cost does not grow
-with the number of samples.
+Every figure reads counters or a bounded slice, so a status costs the same on a 100M-sample
+run as on a small one (bench/reconcile_scale.py: 52-58 ms): samples by status and class from
+the trigger-kept ``run_sample_counts`` (migration 0005); batches, tokens and the projection from
+``runs``' counters (migrations 0008, 0009); throughput from the last RECENT_BATCHES done; failure
+reasons from at most FAILED_REASONS_READ failed samples; the queue from its head. What grows is
+what the farm holds: the running batches (workers, in flight), ~50 ms at 122,000.
 
 The queries run on a plain psycopg connection (what ``regen status`` opens: no
 SQLAlchemy import, ~0.2 s of a short command) or on a SQLAlchemy Session or Connection
@@ -11,10 +14,9 @@ SQLAlchemy import, ~0.2 s of a short command) or on a SQLAlchemy Session or Conn
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
-from ledger.defaults import DEFAULT_QUEUE_WINDOW, QUEUED_GRACE_S
+from ledger.defaults import QUEUED_GRACE_S
 from ledger.reads import fetch_dicts, fetch_rows
 from ledger.runs import list_runs
 from ledger.states import BatchStatus, Quality, SampleStatus
@@ -22,26 +24,42 @@ from ledger.states import BatchStatus, Quality, SampleStatus
 #: Window for "recent throughput": long enough to smooth over hour-long batches
 #: finishing one at a time on a few nodes, short enough to notice a slowdown.
 RECENT_WINDOW_S = 15 * 60
+#: ... or the last this many batches done, if fewer seconds hold them: a big farm's 15 minutes
+#: are ~94K batches, whose read took ~0.4 s; 2,000 are ~20 s of its commits, 128K samples.
+RECENT_BATCHES = 2000
+#: Failed samples whose reasons are counted (each a random read of ``samples``); beyond it the
+#: reasons are those of the first ones read, and ``samples.failed`` is still the exact total.
+FAILED_REASONS_READ = 2000
+
+
+_SAMPLE_COUNTS = "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s GROUP BY status"
+_QUALITY_COUNTS = ("SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = %(run)s AND quality <> '' "
+                   "GROUP BY quality")
 
 
 def sample_counts(conn, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
     """``(by status, by quality class)`` of a run's samples, from the trigger-kept ``run_sample_counts``
     (migration 0005): a few rows, whatever the run's size."""
     by_status = {s.value: 0 for s in SampleStatus}
-    by_status.update(_counts(conn, "SELECT status, sum(n) FROM run_sample_counts WHERE run_id = %(run)s "
-                                   "GROUP BY status", run_id))
-    quality = _counts(conn, "SELECT quality, sum(n) FROM run_sample_counts WHERE run_id = %(run)s AND quality <> '' "
-                            "GROUP BY quality", run_id)
+    by_status.update(_counts(conn, _SAMPLE_COUNTS, run_id))
+    quality = _counts(conn, _QUALITY_COUNTS, run_id)
     # Worst class first (ledger/quality.py's order).
     return by_status, {q.value: quality[q.value] for q in Quality if quality.get(q.value)}
 
 
-def _counts(conn: Any, sql: str, run_id: int) -> dict[str, int]:
-    return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id})}
+def _counts(conn: Any, sql: str, run_id: int, **params: Any) -> dict[str, int]:
+    return {row[0]: int(row[1]) for row in fetch_rows(conn, sql, {"run": run_id, **params})}
 
 
-#: Queued batches looked up on the broker at most (ledger/reconcile.py reads as many waiting ids).
-BROKER_CHECK_LIMIT = 4 * DEFAULT_QUEUE_WINDOW
+#: Queued batches looked up on the broker at most: as many as a reconciler pass examines.
+BROKER_CHECK_LIMIT = 2000
+
+
+_REDELIVERED = ("SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
+                "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)")
+_OLDEST_QUEUED = ("SELECT id, enqueued_at, now() - make_interval(secs => %(grace)s) FROM batches "
+                  "WHERE run_id = %(run)s AND status = 'queued' AND enqueued_at IS NOT NULL "
+                  "ORDER BY enqueued_at LIMIT %(n)s")
 
 
 def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *,
@@ -50,79 +68,101 @@ def broker_figures(conn: Any, run_id: int, queue: str, broker_url: str | None, *
     with no message waiting on the queue ``grace_s`` after their last one (a stall, if nothing republishes them).
 
     Each query reads a partial index (migration 0007): the few batches with a second message,
-    the queued batches past the grace period. Redis is asked only when there are such
-    batches (redis-py is imported then only); ``queued_without_message`` is None when it
-    cannot be told (no broker URL, the broker unreachable, or a queue too long to read).
+    the run's oldest queued batches. Redis is asked only when the oldest is past the grace
+    period (redis-py is imported then only), and only its head is read, as the reconciler
+    does (ledger/broker.py ``missing_messages``): the figure covers the ``BROKER_CHECK_LIMIT``
+    oldest queued batches, where a lost message is. ``queued_without_message`` is None when it
+    cannot be told (no broker URL, the broker unreachable, or a head crowded with other messages).
     """
-    ((stale, republishes),) = fetch_rows(conn,
-        "SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
-        "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)", {"run": run_id})
-    old = [r[0] for r in fetch_rows(conn,
-        "SELECT id FROM batches WHERE run_id = %(run)s AND status = 'queued' "
-        "AND enqueued_at < now() - make_interval(secs => %(grace)s) LIMIT %(n)s",
-        {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
+    ((stale, republishes),) = fetch_rows(conn, _REDELIVERED, {"run": run_id})
+    rows = fetch_rows(conn, _OLDEST_QUEUED, {"run": run_id, "grace": grace_s, "n": BROKER_CHECK_LIMIT})
     without: int | None = 0
-    if old:
+    if rows and rows[0][1] < rows[0][2]:
         without = None
         if broker_url is not None:
-            import redis
-
-            from ledger.broker import ready_batch_ids
-
-            try:
-                client = redis.Redis.from_url(broker_url, socket_timeout=5)
-                try:
-                    waiting = ready_batch_ids(client, queue, limit=BROKER_CHECK_LIMIT)
-                finally:
-                    client.close()
-            except redis.RedisError:
-                waiting = None
-            if waiting is not None:
-                without = sum(1 for i in old if i not in waiting)
+            without = _count_missing(conn, broker_url, queue, rows)
     return {"stale_deliveries": int(stale), "republishes": int(republishes), "queued_without_message": without,
             "grace_s": grace_s}
+
+
+def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | None:
+    import redis
+
+    from ledger.broker import Queued, missing_messages
+
+    def enqueued_at(ids: list[int]) -> dict:
+        return dict(fetch_rows(conn, "SELECT id, enqueued_at FROM batches WHERE id = ANY(%(ids)s) "
+                                     "AND status = 'queued'", {"ids": ids})) if ids else {}
+
+    try:
+        client = redis.Redis.from_url(broker_url, socket_timeout=5)
+        try:
+            missing, undecided = missing_messages([Queued(r[0], r[1]) for r in rows], rows[0][2], client, queue,
+                                                  enqueued_at)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None
+    return None if undecided and not missing else len(missing)
+
+
+# Each statement of a run's status, by name: run_status runs them, status_statements lists them
+# (bench/reconcile_scale.py EXPLAINs each on a 100M-sample ledger).
+_REJECTED = "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason"
+#: Batches by status: open, done and dead from the run's counters (migrations 0008, 0009); of the
+#: open ones, queued and running counted (a window and what the farm holds), planned the rest.
+_BATCHES = ("SELECT r.open_batches, r.done_batches, r.dead_batches, "
+            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'queued'), "
+            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'running'), "
+            "r.done_prompt_tokens, r.done_completion_tokens, r.done_samples FROM runs r WHERE r.id = %(run)s")
+#: The batches finished last, newest first (migration 0009's index): at most RECENT_BATCHES.
+_RECENT = ("SELECT completion_tokens, n_samples, started_at, finished_at, now() FROM batches "
+           "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s) "
+           "ORDER BY finished_at DESC LIMIT %(n)s")
+#: Failure reasons are counted over at most FAILED_REASONS_READ failed samples.
+_FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM (SELECT error FROM samples WHERE run_id = %(run)s "
+           "AND status = 'failed' LIMIT %(n)s) f GROUP BY 1")
+_BATCH_ERRORS = ("SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
+                 "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10")
+# heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
+_WORKERS = ("SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
+            "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
+            "sum(n_samples) AS samples FROM batches "
+            "WHERE run_id = %(run)s AND status = 'running' GROUP BY worker ORDER BY worker")
+
+
+def status_statements(run_id: int, *, grace_s: float = QUEUED_GRACE_S) -> list[tuple[str, str, dict]]:
+    """``(name, SQL, parameters)`` of every statement ``run_status`` runs for one run (Redis aside)."""
+    run = {"run": run_id}
+    return [("sample counts", _SAMPLE_COUNTS, run), ("quality counts", _QUALITY_COUNTS, run),
+            ("rejected rows", _REJECTED, run), ("batches by status", _BATCHES, run),
+            ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES}),
+            ("failure reasons", _FAILED, {**run, "n": FAILED_REASONS_READ}), ("batch errors", _BATCH_ERRORS, run),
+            ("workers", _WORKERS, run), ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
+            ("oldest queued", _OLDEST_QUEUED, {**run, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
 
 
 def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None = None) -> list[dict]:
     """Every figure of ``regen status`` per run; ``broker_url``: look up stalled queued batches on Redis too."""
     runs = list_runs(conn, run_name)
-    now = datetime.now(timezone.utc)
     out = []
     for run in runs:
         rid = run.id
         samples, quality = sample_counts(conn, rid)
-        reasons = _counts(conn, "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason",
-                          rid)
+        reasons = _counts(conn, _REJECTED, rid)
         duplicates = reasons.get("duplicate_id", 0)
         samples["rejected"] = sum(reasons.values()) - duplicates
         samples["duplicates"] = duplicates
+        ((open_, done, dead, queued, running, prompt_tokens, completion_tokens, done_samples),) = fetch_rows(
+            conn, _BATCHES, {"run": rid})
         batches = {s.value: 0 for s in BatchStatus}
-        batches.update(_counts(conn, "SELECT status, count(*) FROM batches WHERE run_id = %(run)s GROUP BY status",
-                               rid))
-        (tokens,) = fetch_rows(conn,
-            "SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), "
-            "min(started_at), max(finished_at) FROM batches WHERE run_id = %(run)s AND status = 'done'",
-            {"run": rid})
-        (recent,) = fetch_rows(conn,
-            "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0), count(*) FROM batches "
-            "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s)",
-            {"run": rid, "w": RECENT_WINDOW_S})
-        sample_failures = _counts(conn,
-                                  "SELECT split_part(error, ':', 1), count(*) FROM samples WHERE run_id = %(run)s "
-                                  "AND status = 'failed' GROUP BY 1", rid)
-        batch_errors = fetch_dicts(conn,
-            "SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
-            "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10", {"run": rid})
-        # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
-        workers = fetch_dicts(conn,
-            "SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
-            "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
-            "sum(n_samples) AS samples FROM batches "
-            "WHERE run_id = %(run)s AND status = 'running' GROUP BY worker ORDER BY worker", {"run": rid})
-        recent = (float(recent[0]), float(recent[1]), int(recent[2]))
-        window_s = float(RECENT_WINDOW_S)
-        if tokens[2] is not None:
-            window_s = min(RECENT_WINDOW_S, max(1.0, (now - tokens[2]).total_seconds()))
+        batches.update({"planned": max(0, open_ - queued - running), "queued": queued, "running": running,
+                        "done": done, "dead": dead})
+        recent_rows = fetch_rows(conn, _RECENT, {"run": rid, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES})
+        sample_failures = _counts(conn, _FAILED, rid, n=FAILED_REASONS_READ)
+        batch_errors = fetch_dicts(conn, _BATCH_ERRORS, {"run": rid})
+        workers = fetch_dicts(conn, _WORKERS, {"run": rid})
+        recent, window_s = recent_throughput(recent_rows, done_batches=done)
         remaining = samples["pending"]
         samples_per_s = recent[1] / window_s if recent[2] else 0.0
         out.append({
@@ -141,7 +181,7 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
             "failed_reasons": sample_failures,
             "quality": quality,
             "batches": batches,
-            "tokens": {"prompt": int(tokens[0]), "completion": int(tokens[1])},
+            "tokens": {"prompt": int(prompt_tokens), "completion": int(completion_tokens)},
             "throughput": {
                 "window_s": round(window_s, 1),
                 "completion_tokens_per_s": round(recent[0] / window_s, 1) if recent[2] else 0.0,
@@ -158,6 +198,33 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
     return out
 
 
+_PROJECTION = "SELECT done_completion_tokens, done_samples FROM runs WHERE id = %(run)s"
+
+
+def recent_throughput(rows: list, *, done_batches: int) -> tuple[tuple[float, float, int], float]:
+    """``((completion tokens, samples, batches), window_s)`` from the batches finished last (``_RECENT``).
+
+    Fewer than RECENT_BATCHES in the window: all of them over the window, or over the time since
+    the first of them started when they are the run's only done batches (a young run). As many:
+    those after the oldest over the time since it finished.
+    """
+    if not rows:
+        return (0.0, 0.0, 0), float(RECENT_WINDOW_S)
+    now = rows[0][4]
+    if len(rows) < RECENT_BATCHES:
+        window_s = float(RECENT_WINDOW_S)
+        if len(rows) >= done_batches:
+            starts = [r[2] for r in rows if r[2] is not None]
+            if starts:
+                window_s = min(RECENT_WINDOW_S, max(1.0, (now - min(starts)).total_seconds()))
+        counted = rows
+    else:
+        window_s = max(1.0, (now - rows[-1][3]).total_seconds())
+        counted = rows[:-1]
+    return ((float(sum(r[0] or 0 for r in counted)), float(sum(r[1] or 0 for r in counted)), len(counted)),
+            window_s)
+
+
 def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float) -> dict:
     """Total completion tokens projected from the finished samples, and the ETA by tokens.
 
@@ -165,9 +232,7 @@ def token_projection(conn: Any, run_id: int, samples: dict, tokens_per_s: float)
     divides the tokens still to generate by the recent tokens/s. Unlike the ETA by
     samples it is not fooled by short samples finishing first.
     """
-    ((tokens, finished),) = fetch_rows(conn,
-        "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(n_samples), 0) FROM batches "
-        "WHERE run_id = %(run)s AND status = 'done'", {"run": run_id})
+    ((tokens, finished),) = fetch_rows(conn, _PROJECTION, {"run": run_id})
     tokens, finished = int(tokens), int(finished)
     all_samples = samples["pending"] + samples["done"] + samples["failed"]
     if not finished:
@@ -229,7 +294,9 @@ def render_status(runs: list[dict]) -> str:
         if r.get("quality"):
             lines.append("  quality   " + ", ".join(f"{k} {v:,}" for k, v in r["quality"].items()))
         if r["failed_reasons"]:
-            lines.append("  failed    " + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
+            read = sum(r["failed_reasons"].values())
+            of = f"(the first {read:,} of {s['failed']:,}) " if read < s["failed"] else ""
+            lines.append("  failed    " + of + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
         for e in r["batch_errors"]:
             lines.append(f"  batch {e['seq']} [{e['status']}, {e['failures']} failures]: {str(e['error'])[:160]}")
         lines.extend(_broker_lines(r))

@@ -173,3 +173,32 @@ def test_stale_deliveries_are_counted_and_status_shows_a_stall(settings, session
     with sessions() as s:
         (run,) = run_status(s, "w", broker_url=settings.redis_url)
     assert (run["broker"]["queued_without_message"], run["broker"]["republishes"]) == (0, 1)
+
+
+def test_a_lost_message_behind_the_head_read_is_found_by_later_messages_seen_there(settings, sessions, tmp_path,
+                                                                                  s3_bucket, monkeypatch):
+    # The limits of a 17,000-message queue, scaled down: 2 batches examined, 3 messages read per pass.
+    from ledger import broker, reconcile
+    from producer.monitoring import status
+
+    monkeypatch.setattr(broker, "HEAD_SCAN_LIMIT", 3)
+    monkeypatch.setattr(reconcile, "REPUBLISH_PER_PASS", 2)
+    monkeypatch.setattr(status, "BROKER_CHECK_LIMIT", 2)
+    r = redis_lib.Redis.from_url(settings.redis_url)
+    _submit(settings, sessions, tmp_path, s3_bucket, window=10)
+    with sessions.begin() as s:   # published by passes 10 s apart, an hour ago: all past the grace period
+        s.execute(text("UPDATE batches SET enqueued_at = now() - interval '1 hour' + seq * interval '10 seconds' "
+                       "WHERE status = 'queued'"))
+    second = r.lindex(QUEUE, -2)
+    lost = _batch_id(second)
+    assert _seq_of(sessions, lost) == 2
+    r.lrem(QUEUE, 1, second)      # delivered to a consumer that died
+    with sessions() as s:
+        (run,) = run_status(s, "w", broker_url=settings.redis_url)
+    assert run["broker"]["queued_without_message"] == 1
+    # Read: seq 1, 3, 4. Seq 2 is not there, and 3 and 4, published after it, are (looked up in the ledger).
+    report = _pass(sessions, settings, window=10)
+    assert (report.lost, report.topped_up) == (1, 0)
+    assert _batch_id(r.lindex(QUEUE, -1)) == lost
+    ids = [_batch_id(m) for m in r.lrange(QUEUE, 0, -1)]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 10, "nothing waiting was published again"
