@@ -89,6 +89,16 @@ BRPOP_S = 1.3
 APPLY_WAIT_S = 3.0
 
 
+def stale_after_s(period_s: float) -> float:
+    """When a worker's registration (worker/backlog.py) is stale: three missed probes.
+
+    A probe runs at a controller step (every ``ADAPT_S``) once ``period_s`` has passed, and a
+    hand-back delays the next step by up to ``APPLY_WAIT_S + BRPOP_S``: a live worker is never
+    dropped for one slow step, and a dead one stops counting within ~20 s at the 5 s heartbeat.
+    """
+    return 3 * max(period_s, ADAPT_S) + APPLY_WAIT_S + BRPOP_S
+
+
 def fair_share(backlog: Backlog, gpus: int) -> int:
     """This worker's part of the open batches (running ones included), by its GPUs against the live ones."""
     return math.ceil(backlog.open_batches * gpus / max(gpus, backlog.live_gpus))
@@ -102,7 +112,8 @@ def share_bound(backlog: Backlog, gpus: int) -> int:
 
 def bounded_limit(grown: int, *, floor: int, backlog: Backlog | None, gpus: int) -> int:
     """The batches to hold: ``grown`` capped near the fair share, not below ``floor`` while the queue has work."""
-    if backlog is None:
+    if backlog is None or backlog.open_batches == 0:
+        # Nothing open to share: a run submitted now is taken at full speed, not one batch per worker.
         return grown
     bound = share_bound(backlog, gpus)
     if backlog.queue_has_work:
@@ -242,7 +253,7 @@ class HoldingController:
         held = self.sharing.held()
         handed = self.sharing.hand_back(n)
         b = self.backlog
-        log.info("handing back %d held batches not started (%d held beyond the bound): the queue is empty and this "
+        (log.info if handed else log.debug)("handing back %d held batches not started (%d held beyond the bound): the queue is empty and this "
                  "worker held %d, above its share %d of %d open batches for %d live GPUs", handed, n, held,
                  fair_share(b, self.sharing.gpus), b.open_batches, b.live_gpus)
 

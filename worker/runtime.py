@@ -132,16 +132,16 @@ class WorkerRuntime:
 
         from .backlog import HolderRegistry, make_probe
         from .batch_ledger import run_backlog
-        from .holding import Sharing
+        from .holding import Sharing, stale_after_s
 
         gpus = 1
         if self.options.fake_engine:
             from .fake_engine import FakeEngineSpec
 
             gpus = FakeEngineSpec.parse(self.options.fake_engine).gpus
-        # A member is stale after three missed probes: a live worker is never dropped for one slow read.
         registry = HolderRegistry(redis_lib.Redis.from_url(self.settings.redis_url), name=self.options.name,
-                                  queues=self.options.queues, gpus=gpus, stale_s=3 * self.options.heartbeat_s)
+                                  queues=self.options.queues, gpus=gpus,
+                                  stale_s=stale_after_s(self.options.heartbeat_s))
         return Sharing(probe=make_probe(registry, lambda: run_backlog(self.sessions, self.options.queues)),
                        held=self.held_count, floor=lambda: self.held_floor(floor_fallback),
                        hand_back=self.withdraw_unstarted, gpus=gpus, period_s=self.options.heartbeat_s,

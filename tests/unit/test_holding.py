@@ -95,7 +95,9 @@ def test_near_the_end_the_limit_is_capped_by_the_share_but_not_below_the_floor_w
     assert bounded_limit(488, floor=26, backlog=_backlog(640, live_gpus=64), gpus=1) == 12
     # Never above what it grew to, never 0 (Celery's prefetch 0 means unlimited), unbounded without a reading.
     assert bounded_limit(10, floor=26, backlog=_backlog(5000, waiting=1, live_gpus=2), gpus=1) == 10
-    assert bounded_limit(10, floor=1, backlog=_backlog(0, live_gpus=2), gpus=1) == 1
+    assert bounded_limit(10, floor=1, backlog=_backlog(1, live_gpus=2), gpus=1) == 2
+    # Nothing open at all: a run submitted now is taken at full speed, not a batch per worker.
+    assert bounded_limit(10, floor=1, backlog=_backlog(0, live_gpus=2), gpus=1) == 10
     assert bounded_limit(10, floor=1, backlog=None, gpus=1) == 10
 
 
