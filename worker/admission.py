@@ -27,6 +27,11 @@ the order they were taken, so the worker commits steadily and its held work stay
 bounded. A conversation keeps its slot across its turns: its next turn goes in
 straight after a tool result is spliced, ahead of conversations not yet started.
 
+A batch none of whose conversations was admitted yet ("held, not started") can be
+withdrawn (``withdraw_unstarted``): its waiters fail with ``HandedBack`` and its task
+hands it back to the ledger and the queue, for a worker with less to do near a run's
+end (worker/holding.py). Started batches are never withdrawn: their work would be lost.
+
 Runs on the engine's event loop only (single-threaded asyncio: no locks).
 """
 
@@ -38,6 +43,7 @@ import itertools
 import math
 
 from ledger.defaults import DEFAULT_BATCH_SIZE
+from ledger.errors import RegenError
 
 #: Conversations admitted above ``max_num_seqs``: the engine's own waiting queue,
 #: refilled continuously, so vLLM's scheduler never finds it empty while a batch
@@ -74,8 +80,16 @@ def batches_to_hold(max_num_seqs: int, batch_size: int = ASSUMED_BATCH_SIZE) -> 
     return math.ceil(conversations / max(1, batch_size)) + 2
 
 
+class HandedBack(RegenError):
+    """The batch was withdrawn before any of its conversations started: give it back to the queue."""
+
+
 class AdmissionGate:
-    """At most ``level`` conversations in the engine; the rest wait, lowest ``order`` first."""
+    """At most ``level`` conversations in the engine; the rest wait, lowest ``order`` first.
+
+    ``order[0]`` names the batch (worker/generation.py's ticket): what ``withdraw_unstarted``
+    withdraws and ``forget`` clears.
+    """
 
     def __init__(self, level: int):
         if level < 1:
@@ -86,6 +100,9 @@ class AdmissionGate:
         self.admitted_total = 0
         self._waiting: list[tuple[tuple, int, asyncio.Future]] = []
         self._tie = itertools.count()
+        #: Batches (``order[0]``) with a conversation admitted, and batches withdrawn; cleared by ``forget``.
+        self._started: set = set()
+        self._withdrawn: set = set()
 
     @property
     def waiting(self) -> int:
@@ -97,7 +114,12 @@ class AdmissionGate:
         return any(not f.done() for _, _, f in self._waiting)
 
     async def acquire(self, order: tuple) -> None:
-        """Wait for a slot. Cancelling the waiter gives up its place (or its slot, if just granted)."""
+        """Wait for a slot. Cancelling the waiter gives up its place (or its slot, if just granted).
+
+        Raises ``HandedBack`` if the batch ``order[0]`` was withdrawn (before or while waiting).
+        """
+        if order[0] in self._withdrawn:
+            raise HandedBack("withdrawn before it started")
         future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (order, next(self._tie), future))
         self._grant()
@@ -123,12 +145,41 @@ class AdmissionGate:
         self.level = level
         self._grant()
 
+    def unstarted(self) -> list:
+        """Batches waiting here with no conversation admitted yet, newest (last in line) first."""
+        keys = {order[0] for order, _, f in self._waiting if not f.done()}
+        return sorted(keys - self._started - self._withdrawn, reverse=True)
+
+    def withdraw_unstarted(self, n: int) -> list:
+        """Withdraw up to ``n`` batches that have not started, newest first; their waiters raise ``HandedBack``.
+
+        The newest are the ones this worker would start last, so what it keeps is what it
+        was about to run. Returns the batches (``order[0]``) withdrawn.
+        """
+        chosen = set(self.unstarted()[:max(0, n)])
+        if not chosen:
+            return []
+        self._withdrawn |= chosen
+        for order, _, future in self._waiting:
+            if order[0] in chosen and not future.done():
+                future.set_exception(HandedBack("withdrawn before it started"))
+        # Drop them from the heap now: the newest sit at its bottom and would linger there.
+        self._waiting = [entry for entry in self._waiting if not entry[2].done()]
+        heapq.heapify(self._waiting)
+        return sorted(chosen, reverse=True)
+
+    def forget(self, key) -> None:
+        """The batch ``key`` has left the gate for good (ended, failed or withdrawn): drop what is kept of it."""
+        self._started.discard(key)
+        self._withdrawn.discard(key)
+
     def _grant(self) -> None:
         while self._waiting and (self._waiting[0][2].done() or self.admitted < self.level):
-            _, _, future = heapq.heappop(self._waiting)
+            order, _, future = heapq.heappop(self._waiting)
             if not future.done():  # cancelled waiters are skipped
                 self.admitted += 1
                 self.admitted_total += 1
+                self._started.add(order[0])
                 future.set_result(None)
 
     def slot(self, order: tuple) -> _Slot:

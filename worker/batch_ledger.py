@@ -141,3 +141,20 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
         except _FencedOff:
             return False
     return retry_db(tx, what=f"commit batch {batch_id}")
+
+
+# What is left of the active runs on some queues: runs.open_batches is a counter kept by
+# triggers (migration 0008), and "any planned batch" stops at the first row of the partial
+# index batches_planned_idx (migration 0007). One row per run, whatever the ledger's size.
+_BACKLOG = text("""
+SELECT coalesce(sum(r.open_batches), 0) AS open_batches,
+       coalesce(bool_or(EXISTS (SELECT 1 FROM batches b WHERE b.run_id = r.id AND b.status = 'planned')), false)
+           AS planned
+FROM runs r WHERE r.status = 'active' AND r.queue = ANY(:queues)""")
+
+
+def run_backlog(sessions: sessionmaker[Session], queues: tuple[str, ...]) -> tuple[int, bool]:
+    """``(open batches, any planned)`` of the active runs on ``queues``: not done or dead, and not yet published."""
+    with sessions() as s:
+        row = s.execute(_BACKLOG, {"queues": list(queues)}).one()
+    return int(row.open_batches), bool(row.planned)

@@ -18,6 +18,7 @@ from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
 
+from .admission import HandedBack
 from .batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from .engine import EngineDead
 from .generation import generate_batch
@@ -70,6 +71,15 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         raise Requeue("worker is shutting down") from None
     except _Fenced:
         return Outcome("fenced", msg.batch_id, attempt, "a newer attempt owns the batch")
+    except HandedBack as e:
+        # Withdrawn before any of its conversations started (worker/holding.py: this worker
+        # held more than its share of a run's end while others starve). Nothing was generated:
+        # queued again with no failure counted, and its message goes back on the queue, where
+        # this worker, its prefetch already lowered, does not take it.
+        release_batch(rt.sessions, msg.batch_id, attempt, reason=f"handed back before it started: {e}")
+        log.info("batch %s attempt %s handed back before it started (held beyond this worker's share)",
+                 msg.batch_id, attempt)
+        raise Requeue("handed back before it started") from e
     except WrongModel as e:
         release_batch(rt.sessions, msg.batch_id, attempt, reason=str(e))
         time.sleep(5)  # do not spin on a message this worker can never run
@@ -154,6 +164,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
     else:
         # The ledger's record of the input (its range in a packed object), not the message's key alone.
         samples = list(decode_shard(read_input_shard(rt.store, where)))
+        rt.batch_size = len(samples) or rt.batch_size  # how many batches fill the gate (worker/holding.py)
         engine, renderer = rt.engine_for(run["model"])
         run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
                                          "chat_template_sha256": renderer.template_hash,

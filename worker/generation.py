@@ -115,12 +115,15 @@ async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[d
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        # Cancellation (shutdown, fencing) or an engine failure: abort every request of
-        # the batch, so the engine's slots go to batches that will be kept.
+        # Cancellation (shutdown, fencing), an engine failure or a hand-back (HandedBack:
+        # withdrawn before it started): abort every request of the batch, so the engine's
+        # slots go to batches that will be kept.
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+    finally:
+        engine.admission.forget(ticket)
 
 
 __all__ = ["generate_batch", "generate_sample", "EngineDead"]

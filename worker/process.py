@@ -103,8 +103,9 @@ def _hold_adaptively(app, runtime: WorkerRuntime, start: int) -> int:
         return engine.occupancy.take() if engine is not None and engine.occupancy is not None else None
 
     policy = HoldingPolicy.derived(start)
+    # Bounded by the backlog too: near a run's end no worker holds much more than its share.
     controller = HoldingController(policy, window=window, held_peak=runtime.take_held_peak,
-                                   stop=runtime.shutting_down)
+                                   stop=runtime.shutting_down, sharing=runtime.sharing(floor_fallback=start))
     app.steps["consumer"].add(consumer_step(controller))
     controller.start()
     return policy.ceiling

@@ -8,6 +8,7 @@ the heartbeat thread that keeps their leases, and the shutdown flag.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 
+from .admission import ASSUMED_BATCH_SIZE
 from .batch_ledger import heartbeat
 from .engine import EngineHost
 from .options import WorkerOptions
@@ -53,6 +55,8 @@ class WorkerRuntime:
         self._held_lock = threading.Lock()
         self._hb_thread: threading.Thread | None = None
         self._engine_death_seen = False
+        #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
+        self.batch_size = ASSUMED_BATCH_SIZE
 
     # -- engine ---------------------------------------------------------------------------
     def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
@@ -101,6 +105,47 @@ class WorkerRuntime:
         with self._held_lock:
             peak, self._held_peak = max(self._held_peak, len(self._held)), len(self._held)
             return peak
+
+    def held_floor(self, fallback: int) -> int:
+        """Batches that fill the admission gate (its level in batches), plus one committing and one being claimed."""
+        engine = self._engine
+        gate = engine.admission if engine is not None else None
+        if gate is None:
+            return fallback
+        return math.ceil(gate.level / max(1, self.batch_size)) + 2
+
+    def withdraw_unstarted(self, n: int) -> int:
+        """Withdraw up to ``n`` held batches none of whose conversations started; their tasks hand them back."""
+        engine = self._engine
+        if engine is None or n <= 0:
+            return 0
+
+        async def withdraw() -> int:
+            gate = engine.admission
+            return len(gate.withdraw_unstarted(n)) if gate is not None else 0
+
+        return engine.submit(withdraw()).result(timeout=30)
+
+    def sharing(self, floor_fallback: int):
+        """What worker/holding.py needs to bound this process's holding by its queues' backlog."""
+        import redis as redis_lib
+
+        from .backlog import HolderRegistry, make_probe
+        from .batch_ledger import run_backlog
+        from .holding import Sharing, stale_after_s
+
+        gpus = 1
+        if self.options.fake_engine:
+            from .fake_engine import FakeEngineSpec
+
+            gpus = FakeEngineSpec.parse(self.options.fake_engine).gpus
+        registry = HolderRegistry(redis_lib.Redis.from_url(self.settings.redis_url), name=self.options.name,
+                                  queues=self.options.queues, gpus=gpus,
+                                  stale_s=stale_after_s(self.options.heartbeat_s))
+        return Sharing(probe=make_probe(registry, lambda: run_backlog(self.sessions, self.options.queues)),
+                       held=self.held_count, floor=lambda: self.held_floor(floor_fallback),
+                       hand_back=self.withdraw_unstarted, gpus=gpus, period_s=self.options.heartbeat_s,
+                       leave=registry.leave)
 
     def is_lost(self, batch_id: int) -> bool:
         with self._held_lock:

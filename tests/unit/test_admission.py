@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from worker.admission import AdmissionGate, admission_level, batches_to_hold
+from worker.admission import AdmissionGate, HandedBack, admission_level, batches_to_hold
 from worker.engine import _supported, _unfinished_counter, engine_defaults, expected_max_num_seqs
 
 
@@ -109,3 +109,54 @@ def test_unfinished_count_on_every_supported_vllm():
 def test_supported_vllm_releases():
     assert _supported("0.26.0") and _supported("0.32.0+cpu") and _supported("0.33.0")
     assert not _supported("0.25.1") and not _supported("0.34.0") and not _supported("nightly")
+
+
+def test_only_batches_with_no_conversation_admitted_are_withdrawn_newest_first():
+    async def scenario() -> None:
+        gate = AdmissionGate(2)
+        results: dict[tuple, object] = {}
+
+        async def conversation(order: tuple) -> None:
+            try:
+                async with gate.slot(order):
+                    await asyncio.sleep(0.01)
+                results[order] = "done"
+            except HandedBack:
+                results[order] = "handed back"
+
+        # Level 2: batch 0's two conversations go in, batches 1, 2 and 3 wait with none started.
+        tasks = [asyncio.ensure_future(conversation((b, i))) for b in range(4) for i in range(2)]
+        await asyncio.sleep(0)
+        assert gate.unstarted() == [3, 2, 1]
+        assert gate.withdraw_unstarted(2) == [3, 2]
+        assert gate.unstarted() == [1] and gate.waiting == 2
+        # A conversation of a withdrawn batch that arrives late is refused too.
+        with pytest.raises(HandedBack):
+            await gate.acquire((3, 9))
+        await asyncio.gather(*tasks)
+        assert [results[(b, i)] for b in range(4) for i in range(2)] == ["done"] * 4 + ["handed back"] * 4
+        assert gate.admitted == 0 and gate.waiting == 0
+        # Batch 0 and 1 started: nothing of theirs can be withdrawn; forgetting clears what was kept.
+        assert gate.withdraw_unstarted(5) == []
+        for b in range(4):
+            gate.forget(b)
+        assert not gate._started and not gate._withdrawn
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_with_one_conversation_admitted_is_never_withdrawn():
+    async def scenario() -> None:
+        gate = AdmissionGate(1)
+        await gate.acquire((0, 0))                 # batch 0 has started
+        rest = asyncio.ensure_future(gate.acquire((0, 1)))
+        other = asyncio.ensure_future(gate.acquire((1, 0)))
+        await asyncio.sleep(0)
+        assert gate.withdraw_unstarted(2) == [1]
+        gate.release()
+        await rest                                  # batch 0's second conversation still gets its slot
+        with pytest.raises(HandedBack):
+            await other
+        assert gate.admitted == 1
+
+    asyncio.run(scenario())
