@@ -111,3 +111,9 @@ def call(kind_of: Callable[[Any], str], fn: Callable[..., Any], *args: Any, **kw
     result = fn(*args, **kwargs)
     _recorder.add(kind_of(result), time.perf_counter() - start)
     return result
+
+
+def flush() -> None:
+    """Append what this process recorded so far (a reader is about to look)."""
+    if _recorder is not None:
+        _recorder.flush()
