@@ -39,6 +39,10 @@ H200_SEQS = 1024
 #: Sequences per simulated GPU in the rate windows: a small engine at the same samples/s holds
 #: 4 batches (worker/admission.py) and reaches its steady state in ~40 s instead of ~20 min.
 WINDOW_SEQS = 16
+#: A lone sequence decodes this many times faster than one of a full engine (worker/fake_engine.py
+#: ``solo``): a decode step over few sequences is short. ~10x on an H200 (1,024 sequences at ~10 tok/s
+#: each, one alone at ~100): without it a run's last sequences would crawl at a full engine's pace.
+SOLO = 10
 #: Batches an H200 process holds (worker/admission.py batches_to_hold(1024)): the played heartbeat sets.
 H200_HELD = 122
 HEARTBEAT_S = 5.0
@@ -75,7 +79,7 @@ def submit(farm: Farm, dataset: Path, run: str, queue: str) -> tuple[int, float]
 
 def fake_spec(gpus: int, seqs: int, time_factor: float) -> str:
     tok_s = SAMPLES_S_PER_GPU * MEAN_TOKENS * time_factor
-    return f"tok_s={tok_s:g},seqs={seqs},mean={MEAN_TOKENS},sigma=1,gpus={gpus}"
+    return f"tok_s={tok_s:g},seqs={seqs},mean={MEAN_TOKENS},sigma=1,gpus={gpus},solo={SOLO}"
 
 
 @dataclass
