@@ -119,16 +119,28 @@ class Cpu:
         return {k: (v - self.start.get(k, 0.0)) / elapsed for k, v in self._now().items()}
 
 
+def _warm_up(farm: Farm, run_id: int, procs: int, most_s: float) -> None:
+    """Until every process could have committed a batch (as many commits as processes), then 10 s more;
+    at most ``most_s``: the first commits come after the first held batches end."""
+    start = time.monotonic()
+    before = run_finished(farm, run_id)[0]
+    while time.monotonic() - start < most_s - 10:
+        if run_finished(farm, run_id)[0] - before >= procs * 64:
+            break
+        time.sleep(2)
+    time.sleep(max(0.0, min(10.0, most_s - (time.monotonic() - start))))
+
+
 def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Path) -> Table:
     procs = _procs(gpus, args.procs)
     table = Table(f"{gpus:,} simulated GPUs, full path: {procs} worker processes x {gpus // procs} GPUs, "
-                  f"{WINDOW_SEQS} sequences/GPU, real rate; {args.measure_s:.0f} s after {args.warm_s:.0f} s warm-up",
+                  f"{WINDOW_SEQS} sequences/GPU, real rate; {args.measure_s:.0f} s after a warm-up (first commits + 10 s)",
                   gpus=gpus)
     with PlayedHeartbeats(farm, gpus):
         workers = start_workers(farm, queue=queue, procs=procs, gpus_each=gpus // procs, seqs=WINDOW_SEQS,
                                 time_factor=1.0, timing_dir=str(timing), tag=f"w{gpus}-")
         try:
-            time.sleep(args.warm_s)
+            _warm_up(farm, run_id, procs, args.warm_s)
             cpu = Cpu(farm, workers)
             t0 = time.time()
             with Sampler(farm) as sampler:
@@ -206,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="8,64,1000", help="simulated farm sizes, comma-separated")
     p.add_argument("--samples", type=int, default=914_000, help="samples of each run")
     p.add_argument("--procs", type=int, default=16, help="worker processes at most in a rate window")
-    p.add_argument("--warm-s", type=float, default=40.0)
+    p.add_argument("--warm-s", type=float, default=60.0, help="the most a rate window waits for steady commits")
     p.add_argument("--measure-s", type=float, default=45.0)
     p.add_argument("--tail-procs", type=int, default=16)
-    p.add_argument("--time-factor", type=float, default=8.0, help="the tail run's time compression")
+    p.add_argument("--time-factor", type=float, default=4.0, help="the tail run's time compression")
     p.add_argument("--tail-timeout-s", type=float, default=900.0)
     p.add_argument("--pool-size", type=int, default=POOL_SIZE, help="PgBouncer's server connections")
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))

@@ -68,13 +68,23 @@ def install(folder: str | Path) -> Recorder:
     _recorder = recorder
 
     def loop() -> None:
-        while True:
+        while _recorder is recorder:
             time.sleep(FLUSH_S)
-            recorder.flush()
+            try:
+                recorder.flush()
+            except OSError:
+                return  # the folder is gone: its reader has finished
 
     threading.Thread(target=loop, name="ledger-timing", daemon=True).start()
-    atexit.register(recorder.flush)
+    atexit.register(_flush_quietly, recorder)
     return recorder
+
+
+def _flush_quietly(recorder: Recorder) -> None:
+    try:
+        recorder.flush()
+    except OSError:
+        pass  # the folder is gone: its reader has finished
 
 
 def install_from_env() -> Recorder | None:
