@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
     if any(g < 1 for g in sizes) or args.samples < 64:
         p.error("--gpus must be positive sizes and --samples at least one batch (64)")
+    # SIGTERM as Ctrl-C: the blocks below stop the workers, PgBouncer, moto, and drop the database.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     print(f"# python -m bench.farm {shlex.join(sys.argv[1:] if argv is None else argv)}", flush=True)
     tables: list[Table] = []
     with farm_services(admin_dsn=args.admin_dsn, pool_size=args.pool_size) as farm, \
