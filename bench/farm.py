@@ -1,7 +1,7 @@
 """A farm of 8, 64 and 1,000 simulated GPUs against one Postgres (through PgBouncer), one Redis and S3.
 
     python -m bench.farm                          # all three sizes, ~20 min on 2 cores
-    python -m bench.farm --gpus 64 --samples 914000 --time-factor 8
+    python -m bench.farm --gpus 64 --samples 914000 --time-factor 4
 
 What is real: the worker processes (``python -m worker.process --fake-engine ...``: the whole
 batch path, Celery on Redis, claim, input read from S3 (moto server), upload, verify, commit, gate,
@@ -214,6 +214,10 @@ def tail(farm: Farm, args, queue: str, run_id: int, timing: Path) -> Table:
     return table
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", default="8,64,1000", help="simulated farm sizes, comma-separated")
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(g < 1 for g in sizes) or args.samples < 64:
         p.error("--gpus must be positive sizes and --samples at least one batch (64)")
     # SIGTERM as Ctrl-C: the blocks below stop the workers, PgBouncer, moto, and drop the database.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"# python -m bench.farm {shlex.join(sys.argv[1:] if argv is None else argv)}", flush=True)
     tables: list[Table] = []
     with farm_services(admin_dsn=args.admin_dsn, pool_size=args.pool_size) as farm, \

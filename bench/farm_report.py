@@ -148,8 +148,8 @@ def summary(tables: list[Table]) -> str:
         ("100M-sample ledger: finish check, gate, reconciler pass, status < 100 ms",
          "not run here: bench/ledger_commits.py, bench/reconcile_scale.py (docs/results/)", "n/a"),
         ("Redis < 100 MB for a 100M-sample run",
-         f"peak here {max((t.redis_peak_mb for t in tables), default=0):.0f} MB at {tables[0].gpus if tables else 0}+"
-         " GPUs (a window of the queue, not the run); 100M: bench/reconcile_scale.py", "n/a"),
+         f"peak {max((t.redis_peak_mb for t in tables), default=0):.0f} MB here (two runs, a queue window each); "
+         "100M: bench/reconcile_scale.py", "n/a"),
     ]
     width = max(len(r[0]) for r in rows)
     fig = max(len(r[1]) for r in rows)
