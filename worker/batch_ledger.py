@@ -25,6 +25,8 @@ from ledger.runs import run_of_batch
 from ledger.shards import InputSlice
 from ledger.states import BatchStatus, RunStatus
 
+from .ledger_timing import timed
+
 
 class ClaimOutcome(str, Enum):
     CLAIMED = "claimed"
@@ -44,6 +46,7 @@ class Claim:
     input: InputSlice | None = None
 
 
+@timed("claim")
 def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
     def tx() -> Claim:
         with sessions.begin() as s:
@@ -67,6 +70,7 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
     return retry_db(tx, what=f"claim batch {batch_id}")
 
 
+@timed("heartbeat")
 def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
     """Refresh the lease of every (batch, attempt) held; return the batches no longer ours."""
     if not held:
@@ -80,6 +84,7 @@ def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]
     return set(held) - {r[0] for r in rows}
 
 
+@timed("release")
 def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, reason: str) -> None:
     """Give a batch back (shutdown, paused run): queued again, attempt kept as history."""
     def tx() -> None:
@@ -88,6 +93,7 @@ def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, 
     retry_db(tx, what=f"release batch {batch_id}", max_wait_s=20)
 
 
+@timed("fail")
 def fail_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, error: str,
                max_attempts: int) -> BatchStatus:
     """Record a failed attempt: ``dead`` once failures reach ``max_attempts``, else back to ``queued``."""
@@ -103,6 +109,7 @@ class _FencedOff(Exception):
     """Raised inside a commit's transaction to roll it back: its attempt is no longer the batch's."""
 
 
+@timed("commit")
 def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
                  output_sha256: str, rows: list[dict], provenance: dict | None = None) -> bool:
     """Record a finished batch and all its samples in one transaction. False if fenced off."""

@@ -18,6 +18,7 @@ from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
 
+from . import ledger_timing
 from .admission import HandedBack
 from .batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from .engine import EngineDead
@@ -187,7 +188,8 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
     if not ok:
         raise _Fenced()
     try:
-        decision = enforce_gate(rt.sessions, run["id"])
+        decision = ledger_timing.call(lambda d: "gate" if d is None else "gate_pass", enforce_gate, rt.sessions,
+                                      run["id"])
         if decision is not None and decision.pause:
             log.warning("run %s paused by the quality gate: %s", run["name"], decision.reason)
     except Exception:  # noqa: BLE001 - a gate problem must never fail a committed batch

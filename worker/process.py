@@ -23,6 +23,7 @@ from celery import signals
 from ledger.dispatch import make_celery
 from ledger.settings import Settings
 
+from . import ledger_timing
 from .engine import expected_max_num_seqs
 from .engine_args import parse_engine_args
 from .launcher import LAUNCHER_PID_ENV
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _exit_with_launcher(runtime)
+    ledger_timing.install_from_env()  # a benchmark switch (bench/farm.py); off unless REGEN_LEDGER_TIMING is set
     runtime.start_heartbeats()
     if options.reconcile_s > 0:
         runtime.start_reconciler(app)

@@ -19,6 +19,7 @@ from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 
+from . import ledger_timing
 from .admission import ASSUMED_BATCH_SIZE
 from .batch_ledger import heartbeat
 from .engine import EngineHost
@@ -178,10 +179,11 @@ class WorkerRuntime:
                 try:
                     # The farm runs one pass per interval, however many workers offer one (a
                     # little less than ours: the offers of one worker drift by its pass's length).
-                    reconcile_once(self.sessions, app, lease_s=self.options.lease_s,
-                                   max_attempts=self.options.max_attempts, grace_s=self.options.requeue_grace_s,
-                                   window=self.settings.queue_window, min_interval_s=0.8 * self.options.reconcile_s,
-                                   worker=self.options.name)
+                    ledger_timing.call(lambda r: "reconcile_offer" if r is None else "reconcile_pass",
+                                       reconcile_once, self.sessions, app, lease_s=self.options.lease_s,
+                                       max_attempts=self.options.max_attempts,
+                                       grace_s=self.options.requeue_grace_s, window=self.settings.queue_window,
+                                       min_interval_s=0.8 * self.options.reconcile_s, worker=self.options.name)
                 except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
                     log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
 

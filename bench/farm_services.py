@@ -1,0 +1,175 @@
+"""bench/farm.py's services: a scratch ledger behind a real PgBouncer (transaction mode), a Redis of
+its own, moto; and the sampler of connections, Redis memory and Redis commands.
+
+The Redis is the bench's own (a ``redis-server`` on a free port, nothing saved) so its memory and
+command figures are the farm's alone; the ledger is a scratch database on the machine's Postgres
+(bench/scratch.py), so the server connections counted are that database's backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import psycopg
+import redis as redis_lib
+
+from bench.scratch import DEFAULT_ADMIN_DSN, Scratch, scratch_services
+from ledger.local_s3 import free_port
+from ledger.local_services import local_redis
+
+#: Server connections PgBouncer may open to the ledger. The issue's goal is <= 500 through the pooler;
+#: 40 is far below it and leaves the machine's Postgres (max_connections 100) room for everyone else.
+POOL_SIZE = 40
+#: Client connections PgBouncer accepts: 1,000 GPU processes x 4 (worker/runtime.py), with room.
+MAX_CLIENT_CONN = 5000
+
+
+@dataclass
+class Farm:
+    scratch: Scratch
+    #: The ledger through PgBouncer: what every worker and ledger-only thread uses.
+    pooled_url: str
+    #: PgBouncer's admin console (SHOW POOLS).
+    console_url: str
+    redis_url: str
+    pool_size: int
+
+    def env(self, timing_dir: str) -> dict[str, str]:
+        """A worker's environment: the pooled ledger, the bench's Redis, moto, the timing switch."""
+        return {**self.scratch.env(), "DATABASE_URL": self.pooled_url, "REGEN_DB_POOLER": "transaction",
+                "REDIS_URL": self.redis_url, "REGEN_LEDGER_TIMING": timing_dir, "PYTHONUNBUFFERED": "1"}
+
+    @property
+    def settings(self):
+        return dataclasses.replace(self.scratch.settings, database_url=self.pooled_url,
+                                   database_pooler="transaction", redis_url=self.redis_url)
+
+
+@contextlib.contextmanager
+def _pgbouncer(direct_url: str, pool_size: int) -> Iterator[tuple[str, str]]:
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.access(binary, os.X_OK):
+        raise SystemExit("bench/farm.py needs PgBouncer: apt-get install -y pgbouncer")
+    parts = urlsplit(direct_url)
+    user, database = parts.username or "postgres", parts.path.lstrip("/")
+    workdir = tempfile.mkdtemp(prefix="regen-farm-pgbouncer-")
+    os.chmod(workdir, 0o777)  # run as nobody when we are root: it writes its log here
+    port = free_port()
+    with open(os.path.join(workdir, "users.txt"), "w") as f:
+        f.write(f'"{user}" ""\n')
+    config = os.path.join(workdir, "pgbouncer.ini")
+    with open(config, "w") as f:
+        f.write(f"""[databases]
+{database} = host={parts.hostname or '127.0.0.1'} port={parts.port or 5432} dbname={database} user={user}
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {workdir}/users.txt
+admin_users = {user}
+pool_mode = transaction
+default_pool_size = {pool_size}
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = {MAX_CLIENT_CONN}
+logfile = {workdir}/pgbouncer.log
+pidfile = {workdir}/pgbouncer.pid
+""")
+    argv = [binary, config] if os.geteuid() != 0 else [binary, "-u", "nobody", config]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"postgresql://{user}@127.0.0.1:{port}/{database}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                psycopg.connect(url, connect_timeout=2).close()
+                break
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"pgbouncer did not start; see {workdir}/pgbouncer.log") from None
+                time.sleep(0.2)
+        yield url, f"postgresql://{user}@127.0.0.1:{port}/pgbouncer"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def farm_services(*, admin_dsn: str = DEFAULT_ADMIN_DSN, pool_size: int = POOL_SIZE) -> Iterator[Farm]:
+    with local_redis(port=free_port()) as (redis_url, _), \
+            scratch_services(admin_dsn=admin_dsn, redis_url=redis_url, prefix="regen_farm") as scratch, \
+            _pgbouncer(scratch.settings.database_url, pool_size) as (pooled, console):
+        yield Farm(scratch=scratch, pooled_url=pooled, console_url=console, redis_url=redis_url,
+                   pool_size=pool_size)
+
+
+@dataclass
+class Samples:
+    """What the sampler saw over one window, once a second."""
+    server_conns: list[int] = field(default_factory=list)
+    client_conns: list[int] = field(default_factory=list)
+    waiting_clients: list[int] = field(default_factory=list)
+    redis_used: list[int] = field(default_factory=list)
+    redis_commands: list[tuple[float, int]] = field(default_factory=list)
+
+    def commands_s(self) -> float:
+        if len(self.redis_commands) < 2:
+            return 0.0
+        (t0, c0), (t1, c1) = self.redis_commands[0], self.redis_commands[-1]
+        return (c1 - c0) / max(1e-9, t1 - t0)
+
+
+class Sampler:
+    """Once a second: the ledger database's backends (pg_stat_activity, less the sampler's own),
+    PgBouncer's client and server connections (SHOW POOLS), Redis used_memory and commands."""
+
+    def __init__(self, farm: Farm):
+        self.farm = farm
+        self.samples = Samples()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        direct = self.farm.scratch.settings.database_url
+        database = self.farm.scratch.database_name
+        redis = redis_lib.Redis.from_url(self.farm.redis_url)
+        with psycopg.connect(direct, autocommit=True) as pg, \
+                psycopg.connect(self.farm.console_url, autocommit=True) as console:
+            while not self._stop.wait(1.0):
+                with contextlib.suppress(psycopg.Error, redis_lib.RedisError):
+                    backends = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                          "AND pid <> pg_backend_pid()", (database,)).fetchone()[0]
+                    cur = console.execute("SHOW POOLS")
+                    names = [d.name for d in cur.description]
+                    pools = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+                    pools = [p for p in pools if p["database"] == database]
+                    self.samples.server_conns.append(backends)
+                    self.samples.client_conns.append(sum(p["cl_active"] + p["cl_waiting"] for p in pools))
+                    self.samples.waiting_clients.append(sum(p["cl_waiting"] for p in pools))
+                    self.samples.redis_used.append(int(redis.info("memory")["used_memory"]))
+                    self.samples.redis_commands.append(
+                        (time.monotonic(), int(redis.info("stats")["total_commands_processed"])))
+        redis.close()
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._loop, name="farm-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
