@@ -33,8 +33,9 @@ from ledger.states import (
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("ledger", "producer", "worker", "bench", "scripts")
 HOME = ROOT / "ledger" / "transitions.py"
-#: Modules that build synthetic ledgers in SQL (a 100M-sample run's batches at 50% done), never a live one.
-SYNTHETIC = {ROOT / "bench" / "ledger_commits.py"}
+#: Modules that build synthetic ledgers in SQL (a 100M-sample run's batches at 50% done; the farm bench's
+#: ledger-only run of queued batches), never a live one.
+SYNTHETIC = {ROOT / "bench" / "ledger_commits.py", ROOT / "bench" / "farm_ledger.py"}
 
 TABLES = {
     "runs": (RunStatus, RUN_TRANSITIONS, RUN_INITIAL),
