@@ -42,6 +42,15 @@ Each size prints a table:
    run actually reached between 10% and 90% (fairer when the 2 cores, not the GPUs, set the
    pace), and the idle GPU share: 1 - tokens made / (the farm's token rate x the run's time, first
    claim to last commit). Heartbeats here are the 16 processes' own (one per 4 GPUs).
+   **A scale model for 2 cores** (``--tail-seqs 256 --samples 228500``): 7,808 held batches are
+   7,808 task threads, and on 2 cores their heartbeats starve, leases expire and the run thrashes
+   (seen: 5,400 lease expiries in 10 minutes), which measures the machine, not the policy. With
+   engines of 1/4 the sequences at the same samples/s per GPU, each GPU holds 32 batches (the
+   same derivation, worker/admission.py) and a run of 1/4 the samples keeps every ratio that makes
+   the tail: held work over the run (2,048 of 3,570 batches, against 7,808 of 14,282), a batch's
+   duration over the run's ideal time, the lognormal lengths. The holding policy's own periods
+   (a backlog check per heartbeat, 5 s) do not shrink with it, so the model is, if anything,
+   harder on the policy than the full run.
 
 How to read the latencies: client-side, per call kind (worker/ledger_timing.py, switched on by
 ``REGEN_LEDGER_TIMING`` in the workers and in this process), a whole transaction each, the pool
@@ -85,6 +94,7 @@ from bench.farm_workers import (
 from bench.scratch import DEFAULT_ADMIN_DSN
 from bench.submit_scale import postgres_cpu_s
 from worker import ledger_timing
+from worker.admission import batches_to_hold
 
 COMMITS_S_PER_GPU = SAMPLES_S_PER_GPU / 64
 
@@ -189,10 +199,11 @@ def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
 def tail(farm: Farm, args, queue: str, run_id: int, timing: Path) -> Table:
     gpus, procs = 64, args.tail_procs
     f = args.time_factor
+    seqs = args.tail_seqs
     table = Table(f"64 simulated GPUs, the tail: a whole run of {args.samples:,} samples, {procs} processes x "
-                  f"{gpus // procs} GPUs, {H200_SEQS} sequences/GPU (H200, 122 held batches/GPU), time x{f:g}",
-                  gpus=gpus)
-    workers = start_workers(farm, queue=queue, procs=procs, gpus_each=gpus // procs, seqs=H200_SEQS, time_factor=f,
+                  f"{gpus // procs} GPUs, {seqs} sequences/GPU ({batches_to_hold(seqs)} held batches/GPU), "
+                  f"time x{f:g}", gpus=gpus)
+    workers = start_workers(farm, queue=queue, procs=procs, gpus_each=gpus // procs, seqs=seqs, time_factor=f,
                             timing_dir=str(timing), tag="tail-")
     try:
         cpu = Cpu(farm, workers)
@@ -228,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-procs", type=int, default=16)
     p.add_argument("--time-factor", type=float, default=4.0, help="the tail run's time compression")
     p.add_argument("--tail-timeout-s", type=float, default=900.0)
+    p.add_argument("--tail-seqs", type=int, default=H200_SEQS,
+                   help="sequences per GPU in the tail phase (a scale model: see the docstring)")
     p.add_argument("--pool-size", type=int, default=POOL_SIZE, help="PgBouncer's server connections")
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
     args = p.parse_args(argv)
