@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from ledger import migrate
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 from producer.monitoring.metrics import STATEMENT_TIMEOUT_MS, collect, ledger_engine
+from tests.fixtures.pgbouncer import _binary, _free_port
 from tests.support.compose import ROOT, dummy_env, load_compose
 from tests.support.helpers import output_rows, run_cli, status_json, wait_for
 
@@ -64,17 +64,6 @@ class ComposeBouncer:
     database: str
     pool_size: int
     log_path: Path
-
-
-def _binary() -> str | None:
-    return shutil.which("pgbouncer") or next(
-        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def compose_pgbouncer_env(**overrides: str) -> dict[str, str]:
