@@ -26,7 +26,8 @@ SAMPLES = 4
 
 def _server_connections(admin_dsn: str, database: str) -> int:
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()[0]
+        return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                             "AND backend_type = 'client backend'", (database,)).fetchone()[0]
 
 
 def _row(sid: str) -> dict:

@@ -161,7 +161,8 @@ class Watch:
                 (beats,) = ledger.execute("SELECT count(*) FROM batches WHERE status = 'running' "
                                           "AND heartbeat_at > started_at").fetchone()
                 self.heartbeats_seen = max(self.heartbeats_seen, beats)
-                (servers,) = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                (servers,) = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                        "AND backend_type = 'client backend'",
                                         (self.bouncer.database,)).fetchone()
                 self.server_peak = max(self.server_peak, servers)
                 cur = console.execute("SHOW POOLS")
