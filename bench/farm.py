@@ -3,12 +3,12 @@
     python -m bench.farm                          # all three sizes, ~20 min on 2 cores
     python -m bench.farm --gpus 64 --samples 914000 --time-factor 4
 
-What is real: the worker processes (``python -m worker.process --fake-engine ...``: the whole
+What is real: the worker processes (``python -m worker.process.consumer --fake-engine ...``: the whole
 batch path, Celery on Redis, claim, input read from S3 (moto server), upload, verify, commit, gate,
 heartbeats, reconciler, the holding policy), ``regen submit``'s ``submit_run`` of a run of
 ``--samples`` samples (default 914,000), a real PgBouncer in transaction mode in front of a scratch
 database of the machine's Postgres (``REGEN_DB_POOLER=transaction``), a Redis of the bench's own.
-What is played: the engine (worker/fake_engine.py: token ids at a set rate, no vLLM), and where
+What is played: the engine (worker/engine/fake.py: token ids at a set rate, no vLLM), and where
 the machine's 2 cores cannot run a farm's worker processes, the ledger calls those processes
 would make, through the real functions (below). Nothing is mocked.
 
@@ -46,13 +46,13 @@ Each size prints a table:
    7,808 task threads, and on 2 cores their heartbeats starve, leases expire and the run thrashes
    (seen: 5,400 lease expiries in 10 minutes), which measures the machine, not the policy. With
    engines of 1/4 the sequences at the same samples/s per GPU, each GPU holds 32 batches (the
-   same derivation, worker/admission.py) and a run of 1/4 the samples keeps every ratio that makes
+   same derivation, worker/engine/admission.py) and a run of 1/4 the samples keeps every ratio that makes
    the tail: held work over the run (2,048 of 3,570 batches, against 7,808 of 14,282), a batch's
    duration over the run's ideal time, the lognormal lengths. The holding policy's own periods
    (a backlog check per heartbeat, 5 s) do not shrink with it, so the model is, if anything,
    harder on the policy than the full run.
 
-How to read the latencies: client-side, per call kind (worker/ledger_timing.py, switched on by
+How to read the latencies: client-side, per call kind (worker/measure/ledger_timing.py, switched on by
 ``REGEN_LEDGER_TIMING`` in the workers and in this process), a whole transaction each, the pool
 wait and retries included: ``claim``, ``heartbeat``, ``commit``, ``gate`` (the due check after
 every commit), ``gate_pass`` (an evaluation), ``reconcile_offer`` (another pass was recent),
@@ -93,8 +93,8 @@ from bench.farm_workers import (
 )
 from bench.scratch import DEFAULT_ADMIN_DSN
 from bench.submit_scale import postgres_cpu_s
-from worker import ledger_timing
-from worker.admission import batches_to_hold
+from worker.engine.admission import batches_to_hold
+from worker.measure import ledger_timing
 
 COMMITS_S_PER_GPU = SAMPLES_S_PER_GPU / 64
 

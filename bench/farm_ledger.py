@@ -25,8 +25,8 @@ from ledger.dispatch import make_celery
 from ledger.quality import enforce_gate
 from ledger.reconcile import reconcile_once
 from ledger.states import BatchStatus
-from worker import ledger_timing
-from worker.batch_ledger import ClaimOutcome, claim_batch, commit_batch
+from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch
+from worker.measure import ledger_timing
 
 SAMPLES_PER_BATCH = 64
 #: Seconds a claimed batch is held before its commit: well inside the 30 s lease (no heartbeat here).

@@ -20,7 +20,7 @@ KIND_ORDER = ("claim", "heartbeat", "commit", "gate", "gate_pass", "reconcile_of
 
 
 def read_timings(folder: Path, t0: float, t1: float) -> dict[str, list[float]]:
-    """Every process's recorded calls (worker/ledger_timing.py) that ended within ``[t0, t1]``: ms by kind."""
+    """Every process's recorded calls (worker/measure/ledger_timing.py) that ended within ``[t0, t1]``: ms by kind."""
     out: dict[str, list[float]] = defaultdict(list)
     if not folder.is_dir():
         return out

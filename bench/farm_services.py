@@ -24,13 +24,13 @@ import psycopg
 import redis as redis_lib
 
 from bench.scratch import DEFAULT_ADMIN_DSN, Scratch, scratch_services
-from ledger.local_s3 import free_port
-from ledger.local_services import local_redis
+from local.s3 import free_port
+from local.services import local_redis
 
 #: Server connections PgBouncer may open to the ledger. The issue's goal is <= 500 through the pooler;
 #: 40 is far below it and leaves the machine's Postgres (max_connections 100) room for everyone else.
 POOL_SIZE = 40
-#: Client connections PgBouncer accepts: 1,000 GPU processes x 4 (worker/runtime.py), with room.
+#: Client connections PgBouncer accepts: 1,000 GPU processes x 4 (worker/process/runtime.py), with room.
 MAX_CLIENT_CONN = 5000
 
 

@@ -24,7 +24,7 @@ from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
 from producer.run_config import RunConfig
 from producer.submit import submit_run
-from worker.batch_ledger import heartbeat
+from worker.batches.ledger_calls import heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The issue's load per GPU: ~10K output tok/s of 1,500-token samples = 6.7 samples/s, 0.10 commits/s.
@@ -40,13 +40,13 @@ QUALITY = {"stub_answer_max_tokens": 0}
 #: An H200's max_num_seqs: the engine the tail phase plays, with its derived 122 held batches.
 H200_SEQS = 1024
 #: Sequences per simulated GPU in the rate windows: a small engine at the same samples/s holds
-#: 4 batches (worker/admission.py) and reaches its steady state in ~40 s instead of ~20 min.
+#: 4 batches (worker/engine/admission.py) and reaches its steady state in ~40 s instead of ~20 min.
 WINDOW_SEQS = 16
-#: A lone sequence decodes this many times faster than one of a full engine (worker/fake_engine.py
+#: A lone sequence decodes this many times faster than one of a full engine (worker/engine/fake.py
 #: ``solo``): a decode step over few sequences is short. ~10x on an H200 (1,024 sequences at ~10 tok/s
 #: each, one alone at ~100): without it a run's last sequences would crawl at a full engine's pace.
 SOLO = 10
-#: Batches an H200 process holds (worker/admission.py batches_to_hold(1024)): the played heartbeat sets.
+#: Batches an H200 process holds (worker/engine/admission.py batches_to_hold(1024)): the played heartbeat sets.
 H200_HELD = 122
 HEARTBEAT_S = 5.0
 SAMPLES_PER_BATCH = 64
@@ -122,7 +122,7 @@ def start_workers(farm: Farm, *, queue: str, procs: int, gpus_each: int, seqs: i
         log = Path(farm.scratch.workdir) / f"{tag}-{k}.log"
         with open(log, "wb") as out:
             started.append(subprocess.Popen(
-                [sys.executable, "-m", "worker.process", "--name", f"{tag}{k}@farm", "--queues", queue,
+                [sys.executable, "-m", "worker.process.consumer", "--name", f"{tag}{k}@farm", "--queues", queue,
                  "--fake-engine", spec, "--loglevel", "WARNING"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
         logs.append(log)
@@ -131,7 +131,7 @@ def start_workers(farm: Farm, *, queue: str, procs: int, gpus_each: int, seqs: i
 
 class PlayedHeartbeats:
     """``processes`` GPU processes' heartbeats, each every 5 s over its own ``held`` running batches,
-    through the real ``worker.batch_ledger.heartbeat``: the rows are a run of their own (farm_played.sql)."""
+    through the real ``worker.batches.ledger_calls.heartbeat``: the rows are a run of their own (farm_played.sql)."""
 
     def __init__(self, farm: Farm, processes: int, held: int = H200_HELD, threads: int = 16):
         self.processes, self.held = processes, held

@@ -79,7 +79,7 @@ def _claimed_run(sessions, name: str, n_batches: int) -> tuple[int, list[tuple[i
 
 
 def _commit(sessions, run: int, batch: int, rows: list[dict]) -> None:
-    from worker.batch_ledger import commit_batch
+    from worker.batches.ledger_calls import commit_batch
 
     assert commit_batch(sessions, run_id=run, batch_id=batch, attempt=1, output_key=f"s3://b/o/{batch}",
                         output_sha256="0" * 64, rows=rows), f"batch {batch} fenced off"
@@ -170,9 +170,9 @@ def measure(admin_dsn: str, args) -> dict:
 
     from ledger import migrate, transitions
     from ledger.db import make_engine, make_sessionmaker
-    from ledger.local_services import with_database
     from ledger.quality import quality_counts
     from ledger.settings import Settings
+    from local.services import with_database
 
     out: dict = {}
     name = f"regen_bench_commits_{uuid.uuid4().hex[:8]}"

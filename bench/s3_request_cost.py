@@ -17,8 +17,8 @@ import time
 import boto3
 import psutil
 
-from ledger.local_s3 import start_local_s3
 from ledger.objects import ObjectStore
+from local.s3 import start_local_s3
 
 BUCKET = "bench-request-cost"
 #: (what, puts, bytes each): the same 14 MB either way.

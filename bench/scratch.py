@@ -22,9 +22,9 @@ import psycopg
 import redis as redis_lib
 
 from ledger import migrate
-from ledger.local_s3 import start_local_s3
-from ledger.local_services import with_database
 from ledger.settings import Settings
+from local.s3 import start_local_s3
+from local.services import with_database
 
 #: An existing database to connect to for CREATE/DROP DATABASE (the tests use the same).
 DEFAULT_ADMIN_DSN = "postgresql://127.0.0.1:5432/test"

@@ -28,14 +28,14 @@ from bench.scratch import Scratch
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
-from ledger.orphans import die_with_parent
 from producer import submit as submit_module
 from producer.run_config import RunConfig
 from producer.submit import get_or_create_run, submit_run
-from worker import thread_cpu
-from worker.engine_args import format_engine_args
-from worker.engine_stats import SchedulerWindow, added_up, logged_scheduler_windows
-from worker.occupancy import Window, logged_windows, parse_windows
+from worker.engine.args import format_engine_args
+from worker.engine.occupancy import Window, logged_windows, parse_windows
+from worker.engine.stats import SchedulerWindow, added_up, logged_scheduler_windows
+from worker.measure import thread_cpu
+from worker.process.orphans import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 #: vLLM's CPU build loads the tiny model in ~20-60 s; much longer when other jobs share the cores.
@@ -83,7 +83,7 @@ def steady_window_tok_s(windows: list[tuple[float, float, int]], start: float, e
                         at_least: int = 5) -> float | None:
     """``steady_tok_s`` from the worker's occupancy windows: (start, end, tokens) of each (b).
 
-    worker/occupancy.py counts in each window the tokens of the generations that ended in it.
+    worker/engine/occupancy.py counts in each window the tokens of the generations that ended in it.
     A window's tokens count in the share of it that lies in the middle: counting each
     window whole by its end would be off by up to a window (5 s of a 110-s middle, 4.5%)
     depending on where the windows happen to fall. Each window carries its own length (the
@@ -151,14 +151,14 @@ class WorkerRun:
     #: Tokens per second over its first part, middle and last part (``run_profile``).
     profile: tuple[float, float, float] | None = None
     worker_pids: set[int] = field(default_factory=set)
-    #: How full the engine was kept (worker/occupancy.py), the worker's windows logged during the run.
+    #: How full the engine was kept (worker/engine/occupancy.py), the worker's windows logged during the run.
     occupancy: Window = field(default_factory=Window)
-    #: CPU seconds by thread kind of the worker process(es) over the same windows (worker/thread_cpu.py).
+    #: CPU seconds by thread kind of the worker process(es) over the same windows (worker/measure/thread_cpu.py).
     thread_cpu: dict[str, float] = field(default_factory=dict)
     #: Output tokens of each sample, and how many ended at their budget (finish reason ``length``).
     lengths: list[int] = field(default_factory=list)
     cut: int = 0
-    #: vLLM's scheduler over the run (REGEN_ENGINE_STATS=1, worker/engine_stats.py), else None.
+    #: vLLM's scheduler over the run (REGEN_ENGINE_STATS=1, worker/engine/stats.py), else None.
     scheduler: SchedulerWindow | None = None
 
     def thread_cpu_note(self, top: int = 6) -> str:

@@ -45,7 +45,7 @@ from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import DEFAULT_ADMIN_DSN, DEFAULT_REDIS_URL, scratch_services
 from bench.system_run import SystemUnderTest, WorkerRun, run_profile, steady_tok_s
 
-#: Engine settings of both (a) and the worker, on top of worker/engine.py's engine_defaults
+#: Engine settings of both (a) and the worker, on top of worker/engine/host.py's engine_defaults
 #: (on the CPU: 256 sequences, 8,192 batched tokens, no chunked prefill).
 BENCH_ENGINE_ARGS = {"max_model_len": 4096}
 #: KV cache of each CPU engine, GiB: 256 sequences x 1.5K tokens of the tiny model need ~0.2.
@@ -73,7 +73,7 @@ class Measurement:
     #: Output tokens of each request, and how many ended at their budget (finish reason ``length``).
     lengths: list[int] | None = None
     cut: int = 0
-    #: vLLM's scheduler over the run (worker/engine_stats.py), where stats were on.
+    #: vLLM's scheduler over the run (worker/engine/stats.py), where stats were on.
     scheduler: object | None = None
 
     @property
@@ -87,7 +87,7 @@ def _load() -> float:
 
 def engine_args(extra: dict | None = None, *, on_cpu: bool = True) -> dict:
     """What the worker's engine is built with: regen's defaults for the platform, then the benchmark's."""
-    from worker.engine import engine_defaults
+    from worker.engine.host import engine_defaults
 
     return {**engine_defaults(on_cpu), **BENCH_ENGINE_ARGS, **(extra or {})}
 
@@ -123,7 +123,7 @@ class BareEngine:
     def __init__(self, model: str, settings: dict | None = None):
         from vllm import LLM
 
-        from worker.engine_stats import attach_to_llm, stats_wanted
+        from worker.engine.stats import attach_to_llm, stats_wanted
 
         settings = dict(settings if settings is not None else engine_args())
         if stats_wanted():
@@ -138,8 +138,8 @@ class BareEngine:
 
         from ledger.hashing import sample_seed, thinking_enabled
         from producer.dataset.normalize import normalize_row
-        from worker.generation import engine_sampling
-        from worker.rendering import Renderer
+        from worker.conversation.generation import engine_sampling
+        from worker.conversation.rendering import Renderer
 
         max_model_len = self.llm.llm_engine.model_config.max_model_len
         renderer = Renderer(AutoTokenizer.from_pretrained(self.llm.llm_engine.model_config.model), max_model_len)
@@ -277,7 +277,7 @@ def report(measurements: list[Measurement], *, idle_cpu_s: float, requested: lis
         lines += [""] + distribution_lines(requested, {k: (m.lengths, m.cut) for k, m in firsts.items()})
     sched = [m for m in measurements if m.scheduler is not None]
     if sched:
-        lines += ["", "vLLM's scheduler over each run (REGEN_ENGINE_STATS=1; worker/engine_stats.py):"]
+        lines += ["", "vLLM's scheduler over each run (REGEN_ENGINE_STATS=1; worker/engine/stats.py):"]
         lines += [f"({m.label}) {m.scheduler.describe()}" for m in sched]
     stops = sum(m.stopped_early for m in measurements)
     total_s = sum(m.seconds for m in measurements)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
     p.add_argument("--engine-stats", action="store_true",
                    help="vLLM's scheduler stats (running, waiting, preemptions, KV cache, prefix cache) of every "
-                        "run, (a) and the workers alike (REGEN_ENGINE_STATS=1, worker/engine_stats.py)")
+                        "run, (a) and the workers alike (REGEN_ENGINE_STATS=1, worker/engine/stats.py)")
     p.add_argument("--kv-cache-gib", default=None,
                    help=f"VLLM_CPU_KVCACHE_SPACE of every engine (default {KV_CACHE_GIB}; small: a KV-limited engine)")
     args = p.parse_args(argv)
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = throughput_rows(args.prompts, seed=args.seed, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     config = run_config(model, args.max_tokens, ignore_eos=args.ignore_eos)
     budgets = [r["max_tokens"] for r in rows]
-    from worker.engine_args import parse_engine_args
+    from worker.engine.args import parse_engine_args
 
     extra = parse_engine_args(args.engine_arg)
     settings = engine_args(extra)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ignore_eos {'on' if config.sampling.get('ignore_eos') else 'off (--ignore-eos turns it on)'}")
     print(f"engine (a, b, c): {', '.join(f'{k}={v}' for k, v in settings.items())}; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']}")
-    from worker.admission import admission_level, batches_to_hold
+    from worker.engine.admission import admission_level, batches_to_hold
 
     held = args.concurrency or batches_to_hold(settings["max_num_seqs"])
     print(f"system (b): batches of {args.batch_size}, K={held} held"

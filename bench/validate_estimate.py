@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from ledger.local_s3 import start_local_s3
+from local.s3 import start_local_s3
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get("REGEN_TEST_PG", "postgresql://127.0.0.1:5432/test")

@@ -7,7 +7,7 @@ On a GPU the engine's step is fast and the worker's Python is what can hold it b
 every conversation is rendered, admitted, parsed and turned into an event on the
 engine's event loop (the same loop that runs vLLM's output handler), then classified,
 encoded and compressed on a Celery thread. This runs exactly that code
-(``worker.generation.generate_batch``, ``batch_task``'s classification and
+(``worker.conversation.generation.generate_batch``, ``batch_task``'s classification and
 ``encode_shard``) against a stand-in engine that answers at once with a fixed
 completion per prompt, so the CPU time it prints is regen's alone, per step and per
 conversation, on this machine's cores. Completions are real text of the shape a thinking
@@ -38,7 +38,7 @@ class InstantEngine:
     """``EngineHost``'s face towards generate_batch, answering each request at once."""
 
     def __init__(self, tokenizer, completions: list[list[int]], max_num_seqs: int = 256):
-        from worker.admission import AdmissionGate, admission_level
+        from worker.engine.admission import AdmissionGate, admission_level
 
         self.tokenizer = tokenizer
         self.engine_version = "instant (bench)"
@@ -51,7 +51,7 @@ class InstantEngine:
         return next(self._tickets)
 
     async def generate(self, prompt_token_ids: list[int], sampling: dict):
-        from worker.dialogue import Generation
+        from worker.conversation.dialogue import Generation
 
         ids = self._completions[self._n % len(self._completions)]
         self._n += 1
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.throughput import run_config, tiny_bench_model
     from ledger.shards import encode_shard
-    from worker.batch_task import _classify
-    from worker.generation import generate_batch
-    from worker.rendering import Renderer
+    from worker.batches.delivery import _classify
+    from worker.conversation.generation import generate_batch
+    from worker.conversation.rendering import Renderer
 
     model = args.model or tiny_bench_model()
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -15,11 +15,9 @@ Modules::
     db.py           engine, sessions, retry_db for writes that must outlive a Postgres restart
     reconcile.py    the broker's window of each queue, expired leases, lost messages: from the ledger
     quality.py      quality classes, thresholds, the gate that pauses a run
-    parsers.py      which vLLM reasoning and tool parsers read a run's output (named, or the template's)
     dispatch.py     the Celery app, the batch message, publish_messages
     broker.py       what a queue holds (the batch ids waiting), read with redis-py alone
     objects.py      the S3 object store; shards.py the shard codec and keys
     settings.py     Settings; defaults.py defaults both sides share
     errors.py       RegenError and its family; hashing.py config hashes and seeds
-    local_s3.py     moto's S3 server for the demo, the tests and the benchmarks
 """

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .settings import Settings
+from ledger.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,9 +16,9 @@ from celery import Celery
 from kombu.exceptions import KombuError
 from kombu.transport.redis import PublishBatch
 
-from .broker import BATCH_HEADER
-from .defaults import DEFAULT_QUEUE
-from .settings import Settings
+from ledger.broker import BATCH_HEADER
+from ledger.defaults import DEFAULT_QUEUE
+from ledger.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def make_celery(settings: Settings, *, name: str = "regen") -> Celery:
         task_reject_on_worker_lost=True,
         # One message reserved per free slot: a busy node must not hoard batches others could run.
         worker_prefetch_multiplier=1,
-        # The worker sets its own prefetch count (worker/holding.py: the batches it holds);
+        # The worker sets its own prefetch count (worker/batches/holding.py: the batches it holds);
         # Celery's reduction after a reconnect would reset it to the pool size later.
         worker_enable_prefetch_count_reduction=False,
         broker_transport_options={

@@ -8,9 +8,8 @@ from alembic import command
 from alembic.config import Config
 
 import migrations
-
-from .errors import ConfigError
-from .settings import Settings
+from ledger.errors import ConfigError
+from ledger.settings import Settings
 
 
 def _scripts_config() -> Config:
@@ -38,7 +37,7 @@ def downgrade(settings: Settings, revision: str) -> None:
 def current(settings: Settings) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
-    from .db import make_engine
+    from ledger.db import make_engine
 
     engine = make_engine(settings)
     try:

@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from .states import BatchStatus, Quality, RunStatus, SampleStatus
+from ledger.states import BatchStatus, Quality, RunStatus, SampleStatus
 
 
 def _in(column: str, enum) -> str:

@@ -27,7 +27,6 @@ import os
 import random
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,7 +42,10 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from .errors import ChecksumMismatch, ConfigError, StoreError, UnsafeKey
+from ledger.errors import ChecksumMismatch, StoreError, UnsafeKey
+
+# The addresses (URLs, keys, digests) live in object_keys.py; importers of this module keep reaching them here.
+from ledger.object_keys import MAX_KEY_BYTES, join_key, parse_s3_url, sha256_hex  # noqa: F401
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,8 +53,6 @@ T = TypeVar("T")
 #: Largest object ``put``/``put_if_absent`` accept, in bytes. Far above our
 #: shards, far below S3's 5 GiB single-PUT limit; past this, use multipart.
 MAX_PUT_BYTES = 1 << 30
-#: S3 refuses keys longer than 1024 bytes of UTF-8.
-MAX_KEY_BYTES = 1024
 #: Keys per DeleteObjects call: the S3 maximum.
 _DELETE_BATCH = 1000
 
@@ -72,63 +72,6 @@ _TRANSIENT_CODES = frozenset({
 #: and ConnectTimeoutError; HTTPClientError covers ConnectionClosedError,
 #: ReadTimeoutError and ResponseStreamingError.
 _TRANSIENT_EXCEPTIONS = (BotoConnectionError, HTTPClientError, IncompleteReadError)
-
-
-def sha256_hex(data: bytes) -> str:
-    """Hex SHA-256 of ``data``: the digest the ledger, manifests and ``PutResult`` carry."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty.
-
-    Raises:
-        ConfigError: the URL is not an ``s3://`` URL with a plausible bucket name.
-    """
-    if not isinstance(url, str) or not url.startswith("s3://"):
-        raise ConfigError(f"expected an s3://bucket/key URL, got {url!r}")
-    bucket, _, key = url[len("s3://"):].partition("/")
-    # Bucket rules (3-63 chars of a-z 0-9 . -) checked loosely: enough to catch
-    # "s3:///key", upper case and stray spaces before boto3 gives a vaguer error.
-    if not (3 <= len(bucket) <= 63) or not all(c.islower() or c.isdigit() or c in ".-" for c in bucket):
-        raise ConfigError(f"{url!r} does not name a valid S3 bucket")
-    return bucket, key
-
-
-def join_key(prefix_url: str, *parts: str) -> str:
-    """Append ``parts`` (each may hold ``/``-separated segments) to an ``s3://`` prefix.
-
-    Parts often come from dataset values, so every segment is checked: a key must
-    never leave the run's prefix or mean different things to different tools.
-
-    Raises:
-        ConfigError: ``prefix_url`` is not an s3 URL.
-        UnsafeKey: a segment is empty, ``.`` or ``..``, or holds a backslash or a
-            control character, or the whole key exceeds S3's 1024 bytes.
-    """
-    bucket, prefix = parse_s3_url(prefix_url)
-    segments = [prefix.rstrip("/")] if prefix.rstrip("/") else []
-    for part in parts:
-        if not isinstance(part, str) or not part:
-            raise UnsafeKey(f"empty or non-string key part {part!r}")
-        for segment in part.split("/"):
-            _check_segment(part, segment)
-            segments.append(segment)
-    key = "/".join(segments)
-    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
-        raise UnsafeKey(f"key longer than {MAX_KEY_BYTES} bytes: {key[:80]!r}...")
-    return f"s3://{bucket}/{key}"
-
-
-def _check_segment(part: str, segment: str) -> None:
-    if segment in ("", ".", ".."):
-        # "" catches a leading "/", "a//b" and a trailing "/"; "." and ".." are
-        # resolved away by some S3 tools and local mirrors, so they could escape.
-        raise UnsafeKey(f"key part {part!r} has an empty, '.' or '..' segment")
-    if "\\" in segment:
-        raise UnsafeKey(f"key part {part!r} contains a backslash")
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in segment):
-        raise UnsafeKey(f"key part {part!r} contains a control character or lone surrogate")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from . import transitions
-from .errors import ConfigError, RegenError, RunNotFound
-from .states import Quality
+from ledger import transitions
+from ledger.errors import ConfigError, RegenError, RunNotFound
+from ledger.states import Quality
 
 #: Worst first. Ties inside a turn and across turns resolve to the earliest here: a
 #: stub that also has an empty thought is a stub (the disaster above), a loop that ran
@@ -156,7 +156,7 @@ def worst(classes) -> str:
 
 
 def classify_sample(row: Mapping[str, Any], thresholds: Thresholds) -> tuple[str, list[dict[str, Any]]]:
-    """The class of one output row (as ``worker/generation.py`` writes it) and one detail per event.
+    """The class of one output row (as ``worker/conversation/generation.py`` writes it) and one detail per event.
 
     Args:
         row: ``status``, ``thinking``, ``tools``, ``messages`` and ``events`` (each with

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .settings import Settings
+from ledger.settings import Settings
 
 
 def connect(settings: Settings) -> psycopg.Connection:

@@ -57,15 +57,15 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from . import transitions
-from .broker import Queued, missing_messages, ready_batch_ids, ready_length
-from .defaults import (  # noqa: F401 (re-exported)
+from ledger import transitions
+from ledger.broker import Queued, missing_messages, ready_batch_ids, ready_length
+from ledger.defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE_WINDOW,
     QUEUED_GRACE_S,
 )
-from .dispatch import BatchMessage, publish_messages
+from ledger.dispatch import BatchMessage, publish_messages
 
 log = logging.getLogger(__name__)
 

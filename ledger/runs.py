@@ -15,11 +15,11 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .errors import RunNotFound
-from .reads import fetch_dicts
+from ledger.errors import RunNotFound
+from ledger.reads import fetch_dicts
 
 if TYPE_CHECKING:
-    from .quality import Thresholds
+    from ledger.quality import Thresholds
 
 _COLUMNS = ("id, name, model, sampling, config_hash, output_url, queue, batch_size, status, status_reason, "
             "provenance, quality_thresholds, created_at")
@@ -59,12 +59,12 @@ class RunRecord:
         """Read once per record: report and export classify every row with it."""
         # Imported here: ledger.quality pulls in SQLAlchemy and the ORM models, which
         # `regen status` (a reader of runs that never classifies) does without.
-        from .quality import Thresholds
+        from ledger.quality import Thresholds
 
         return Thresholds.from_json(self.quality_thresholds)
 
     def for_worker(self) -> dict:
-        """What a worker's batch needs of its run, as the dict the batch path takes (worker/batch_task.py)."""
+        """What a worker's batch needs of its run, as the dict the batch path takes (worker/batches/delivery.py)."""
         return {"id": self.id, "name": self.name, "model": self.model, "sampling": self.sampling,
                 "output_url": self.output_url, "provenance": self.provenance, "config_hash": self.config_hash,
                 "quality_thresholds": self.quality_thresholds}
@@ -109,7 +109,7 @@ def run_of_batch(session: Any, batch_id: int) -> tuple[str, RunRecord, Any] | No
     if not rows:
         return None
     # Imported here: shards imports boto3 and zstandard, which the status path (list_runs) does without.
-    from .shards import InputSlice
+    from ledger.shards import InputSlice
 
     row = rows[0]
     where = InputSlice(row["input_key"], row["input_offset"], row["input_length"], row["input_sha256"])

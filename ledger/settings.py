@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from .defaults import DEFAULT_QUEUE_WINDOW
-from .errors import ConfigError
+from ledger.defaults import DEFAULT_QUEUE_WINDOW
+from ledger.errors import ConfigError
 
 #: Used when neither a flag nor the environment names a database: the local
 #: trust-auth Postgres of a development machine.

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import zstandard
 
-from .errors import ShardError
-from .objects import join_key, sha256_hex
+from ledger.errors import ShardError
+from ledger.objects import join_key, sha256_hex
 
 if TYPE_CHECKING:
-    from .objects import ObjectStore
+    from ledger.objects import ObjectStore
 
 __all__ = ["InputSlice", "decode_packed", "decode_shard", "encode_shard", "input_group_url", "input_shard_url",
            "output_shard_url", "pack_shards", "read_input_shard", "run_manifest_url", "sha256_hex"]

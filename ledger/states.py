@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .errors import RegenError
+from ledger.errors import RegenError
 
 
 class RunStatus(str, Enum):

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from .models import Run
-from .states import BatchStatus, RunStatus, SampleStatus
+from ledger.models import Run
+from ledger.states import BatchStatus, RunStatus, SampleStatus
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ Command → module::
     regen submit           submit.py (run_config.py: the run's configuration and hash)
     regen retry            retry.py
     regen clean            clean.py
-    regen estimate         estimate/  command.py → sample.py (draw) → worker.probe (generate)
+    regen estimate         estimate/  command.py → sample.py (draw) → worker.engine.pilot (generate)
                                       → arithmetic.py → render.py; compare.py for --compare
     regen status [--watch] monitoring/status.py, monitoring/watch.py
     regen metrics          monitoring/metrics.py
     regen report           results/report.py (report_plots.py), reading through results/outputs.py
     regen export           results/export.py (export_rows.py), reading through results/outputs.py
     regen requeue, resume  ledger/reconcile.py, ledger/quality.py
-    regen worker           worker/launcher.py
+    regen worker           worker/process/launcher.py
     regen tiny-model       worker/tiny/model.py
 
 ``cli.py`` declares the commands, ``cli_common.py`` what they share (settings, the

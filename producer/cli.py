@@ -15,7 +15,7 @@ import click
 from ledger.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ledger.errors import RegenError, RunNotFound
 from ledger.settings import redact
-from worker.options import WorkerOptions
+from worker.process.options import WorkerOptions
 
 from .cli_common import (
     ERROR_EXIT,
@@ -149,7 +149,7 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
         click.echo(f"  {reason}: {n}")
 
 
-_W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker/options.py
+_W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker/process/options.py
 
 
 @main.command()
@@ -177,13 +177,13 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
               help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
-                   "(worker/fake_engine.py); its output is marked fake")
+                   "(worker/engine/fake.py); its output is marked fake")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
            requeue_grace_s, metrics_port, node_name, fake_engine, dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them."""
-    from worker.engine_args import parse_engine_args
-    from worker.launcher import parse_gpus, plan_processes, run_launcher
+    from worker.engine.args import parse_engine_args
+    from worker.process.launcher import parse_gpus, plan_processes, run_launcher
 
     parse_engine_args(list(engine_args))  # refuse a malformed pair here, before any process starts
 

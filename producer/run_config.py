@@ -15,8 +15,8 @@ from pathlib import Path
 from ledger.errors import ConfigError
 from ledger.hashing import config_hash
 from ledger.model_path import resolve_model
-from ledger.parsers import AUTO, ParserChoice, chat_template_of, choose_parsers
-from ledger.template_probe import TemplateFormat, probe_template
+from targets.parser_choice import AUTO, ParserChoice, chat_template_of, choose_parsers
+from targets.template_probe import TemplateFormat, probe_template
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -60,10 +60,10 @@ class RunConfig:
     thinking_off_share: float = 0.0
     seed: int = 0
     model_files: dict = field(default_factory=dict)
-    #: vLLM's reasoning and tool parsers that read the output (ledger/parsers.py); None: recorded without.
+    #: vLLM's reasoning and tool parsers that read the output (targets/parser_choice.py); None: recorded without.
     parsers: ParserChoice | None = None
     #: The chat-template argument that switches thinking (``enable_thinking``, ``thinking``), found by
-    #: rendering the template (ledger/template_probe.py); "none": nothing switches it; AUTO: the workers'.
+    #: rendering the template (targets/template_probe.py); "none": nothing switches it; AUTO: the workers'.
     thinking_arg: str = "enable_thinking"
 
     def as_record(self) -> dict:

@@ -47,7 +47,7 @@ def ensure_database(dsn: str) -> None:
     """Create the database ``dsn`` names if the server answers but it does not exist yet."""
     import psycopg
 
-    from ledger.local_services import with_database
+    from local.services import with_database
 
     try:
         psycopg.connect(dsn, connect_timeout=5).close()
@@ -65,8 +65,8 @@ def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
 
     Returns whether S3 is the demo's own (in memory: its objects go when the demo ends).
     """
-    from ledger.local_s3 import start_local_s3
-    from ledger.local_services import local_postgres, local_redis, with_database
+    from local.s3 import start_local_s3
+    from local.services import local_postgres, local_redis, with_database
 
     said = []
     if "DATABASE_URL" not in env:
@@ -110,7 +110,7 @@ def wait_for_run(run_name: str, env: dict, worker: subprocess.Popen, log_path: P
     last = ""
     while time.monotonic() - started < timeout_s:
         run = json.loads(regen("status", "--run", run_name, "--json", env=env))["runs"][0]
-        # worker/engine.py logs "engine ready" once vLLM has loaded; batches may be claimed before.
+        # worker/engine/host.py logs "engine ready" once vLLM has loaded; batches may be claimed before.
         now = progress(run, "engine ready" in log_path.read_text(errors="replace"))
         if now != last:  # a line when something changed, not one per poll
             print(f"      {time.monotonic() - started:4.0f} s  {now}", flush=True)

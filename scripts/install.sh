@@ -37,7 +37,7 @@ command pip uninstall --quiet -y torchvision torchaudio torchcodec >>"$LOG" 2>&1
 pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0
 python - <<'PY'
 import importlib
-for mod in ("vllm", "transformers", "celery", "sqlalchemy", "boto3", "moto", "producer.cli", "worker.engine"):
+for mod in ("vllm", "transformers", "celery", "sqlalchemy", "boto3", "moto", "producer.cli", "worker.engine.host"):
     importlib.import_module(mod)
 print("regen installed:", __import__("sys").prefix)
 PY

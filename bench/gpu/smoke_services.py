@@ -56,7 +56,7 @@ def main() -> None:
     if "--no-regen" not in sys.argv:
         t0 = time.monotonic()
         for name in ("alembic.config", "ledger.db", "ledger.dispatch", "ledger.objects", "ledger.migrate",
-                     "producer.cli", "producer.submit", "worker.process"):
+                     "producer.cli", "producer.submit", "worker.process.consumer"):
             importlib.import_module(name)
         step("regen imports (ledger, producer, worker)", t0)
 

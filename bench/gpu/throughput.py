@@ -27,7 +27,7 @@ actual engine-hours and tokens (docs/estimate.md).
 
 For a diagnosis, the same figures from both phases side by side: ``--engine-stats``
 (vLLM's scheduler in (a) and (b): running, waiting, preemptions, KV-cache usage,
-prefix-cache hits, and in (b) the requests admitted per window: worker/engine_stats.py)
+prefix-cache hits, and in (b) the requests admitted per window: worker/engine/stats.py)
 and ``--py-spy S`` (py-spy profiles of the frontend and the engine-core process over S
 seconds of each phase's middle, and a dump of their stacks, into ``--keep-logs``). Every
 phase prints its generated output lengths beside the requested ones (bench/lengths.py);
@@ -62,10 +62,10 @@ from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
 from bench.system_run import STEADY, SystemUnderTest, WorkerRun, per_sample_budgets
 from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
-from ledger.local_services import local_postgres, local_redis
 from ledger.objects import ObjectStore
-from worker.engine_args import format_engine_args
-from worker.engine_stats import STATS_ENV
+from local.services import local_postgres, local_redis
+from worker.engine.args import format_engine_args
+from worker.engine.stats import STATS_ENV
 
 #: What each phase generated and what vLLM's scheduler did in it, for the side-by-side lines at the end.
 DETAILS: dict[str, dict] = {}
@@ -198,13 +198,13 @@ def _engine_cores_of(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def _worker_children(system: SystemUnderTest) -> list[psutil.Process]:
-    """The ``python -m worker.process`` children of the launcher (one per GPU group)."""
+    """The ``python -m worker.process.consumer`` children of the launcher (one per GPU group)."""
     try:
         root = psutil.Process(system.worker.proc.pid)
         # Celery retitles the process once it starts ("[celeryd: gpu0@node:MainProcess] ..."), dropping
-        # "worker.process" from what ps and psutil read as its command line.
+        # "worker.process.consumer" from what ps and psutil read as its command line.
         return [p for p in root.children(recursive=True)
-                if any(mark in " ".join(p.cmdline()) for mark in ("worker.process", "[celeryd:"))]
+                if any(mark in " ".join(p.cmdline()) for mark in ("worker.process.consumer", "[celeryd:"))]
     except psutil.NoSuchProcess:
         return []
 
@@ -412,7 +412,7 @@ def side_by_side(requested: list[int], details: dict[str, dict]) -> list[str]:
                                                   for k in order if details[k]["lengths"]})
     sched = [k for k in order if details[k]["scheduler"] is not None]
     if sched:
-        lines += ["", f"vLLM's scheduler over each phase ({STATS_ENV}=1, worker/engine_stats.py):"]
+        lines += ["", f"vLLM's scheduler over each phase ({STATS_ENV}=1, worker/engine/stats.py):"]
         lines += [f"({k}) {details[k]['scheduler'].describe()}" for k in sched]
     return lines
 
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.engine_stats:
         os.environ[STATS_ENV] = "1"  # the bare engine here and, through the environment, every worker
-    from worker.engine_args import parse_engine_args
+    from worker.engine.args import parse_engine_args
 
     started = time.perf_counter()
     on_cpu = args.gpus == "none"

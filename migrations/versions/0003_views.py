@@ -19,7 +19,7 @@ branch_labels = None
 depends_on = None
 
 # How many GPUs a worker process drives, read from the name the launcher gives it
-# (worker/launcher.py: gpu3@host, gpu0-1@host for a tensor-parallel pair). NULL
+# (worker/process/launcher.py: gpu3@host, gpu0-1@host for a tensor-parallel pair). NULL
 # for CPU workers and hand-named workers, so a per-GPU figure is never invented.
 WORKER_GPUS = """
 CREATE FUNCTION worker_gpus(worker text) RETURNS integer
@@ -117,7 +117,7 @@ GROUP BY date_trunc('hour', b.finished_at), b.worker
 """
 
 # Everything that did not become a good sample, per run and reason code:
-#   sample_failed  samples.error is "code: detail" (worker/generation.py); grouped by code
+#   sample_failed  samples.error is "code: detail" (worker/conversation/generation.py); grouped by code
 #   batch_dead     batches that reached the failure limit; grouped by the start of their error
 #   rejected       input rows that never became samples (producer/dataset/reasons.py codes)
 #   duplicate      rows whose id repeated an earlier row's (the first one won)

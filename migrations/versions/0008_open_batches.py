@@ -1,7 +1,7 @@
 """runs.open_batches: batches of a run not yet done or dead, kept by triggers (issue 22).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 Every commit asked "is anything of this run left?" with ``NOT EXISTS (SELECT 1 FROM batches

@@ -141,7 +141,7 @@ def drain_allowance_s(longest_conversation_s: float, measured_loss_s: float | No
     """Time one engine loses at the end of a run, when the queue is empty.
 
     Measured by the probe when it could be (``measured_loss_s``: it lets its engine drain
-    as a run's end does and compares with the full-engine rate, worker/probe.py). Else a
+    as a run's end does and compares with the full-engine rate, worker/engine/pilot.py). Else a
     bound: the last conversations finish one by one over up to the longest conversation's
     time, the engine emptying about linearly, so half of that time is lost. The bound is
     pessimistic on GPUs, where a thinning batch decodes each sequence faster.

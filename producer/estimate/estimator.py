@@ -2,7 +2,7 @@
 
 1. Stream the dataset once and draw a stratified random sample (producer/estimate/sample.py).
 2. Generate the sample on the real engine with the run's exact config, in a subprocess
-   (``python -m worker.probe``: the producer never imports vLLM), or reuse a probe's
+   (``python -m worker.engine.pilot``: the producer never imports vLLM), or reuse a probe's
    results file.
 3. Extrapolate (producer/estimate/arithmetic.py): total output tokens = Σ over strata of
    population × mean tokens; engine-hours = tokens / tokens-per-s; wall-clock on G
@@ -99,7 +99,7 @@ def run_document(config: RunConfig) -> dict[str, Any]:
 
 
 def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any]:
-    """Generate the drawn sample in ``python -m worker.probe``; return its results.
+    """Generate the drawn sample in ``python -m worker.engine.pilot``; return its results.
 
     Raises:
         ProbeError: the subprocess failed or timed out (its last output is in the message).
@@ -109,7 +109,7 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
         out_path = Path(options.probe_results) if options.probe_results else Path(tmp) / "probe.json"
         drawn.write_jsonl(samples_path)
         run_path.write_text(json.dumps(run_document(config)))
-        argv = [sys.executable, "-m", "worker.probe", "--samples", str(samples_path), "--run", str(run_path),
+        argv = [sys.executable, "-m", "worker.engine.pilot", "--samples", str(samples_path), "--run", str(run_path),
                 "--out", str(out_path)]
         for pair in options.engine_args:
             argv += ["--engine-arg", pair]

@@ -121,7 +121,7 @@ def token_rows(row: dict[str, Any], *, run: str, run_seed: int, sample_class: st
                 "stop_reason": "" if stop is None else str(stop),
                 "is_tool_call": bool(event.get("is_tool_call")),
                 "usage": usage,
-                # The run's sampling with this generation's own seed (worker/generation.py).
+                # The run's sampling with this generation's own seed (worker/conversation/generation.py).
                 "sampling_params": {**(row.get("sampling") or {}), "seed": sample_seed(run_seed, sid, turn)},
                 "thinking": bool(row.get("thinking")),
                 "quality": sample_class,

@@ -18,7 +18,14 @@ from ledger.reconcile import reconcile_once, requeue
 from ledger.shards import encode_shard, output_shard_url
 from tests.faults.ledger_setup import submit
 from tests.support.helpers import wait_for
-from worker.batch_ledger import ClaimOutcome, claim_batch, commit_batch, fail_batch, heartbeat, release_batch
+from worker.batches.ledger_calls import (
+    ClaimOutcome,
+    claim_batch,
+    commit_batch,
+    fail_batch,
+    heartbeat,
+    release_batch,
+)
 
 
 def _postmaster_up_s(sessions) -> float:

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.support.helpers import cli_env, run_cli, wait_for
-from worker.options import WorkerOptions
+from worker.process.options import WorkerOptions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -43,7 +43,7 @@ def _is_engine(p: psutil.Process) -> bool:
 def _is_worker_process(p: psutil.Process, w) -> bool:
     """The launcher's child that is not its reaper (Celery retitles it, so its command line says little)."""
     try:
-        return p.ppid() == w.proc.pid and "worker.reaper" not in p.cmdline()
+        return p.ppid() == w.proc.pid and "worker.process.reaper" not in p.cmdline()
     except psutil.NoSuchProcess:
         return False
 

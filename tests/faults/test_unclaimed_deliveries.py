@@ -26,8 +26,8 @@ from ledger.defaults import QUEUED_GRACE_S
 from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.support.helpers import cli_env, run_cli, wait_for
-from worker.options import WorkerOptions
-from worker.process import TEST_PREFETCH_ENV
+from worker.process.consumer import TEST_PREFETCH_ENV
+from worker.process.options import WorkerOptions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

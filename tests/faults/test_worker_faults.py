@@ -22,9 +22,9 @@ from sqlalchemy import text
 
 from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import TASK_NAME, make_celery
-from ledger.local_services import answers
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
+from local.services import answers
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.fixtures.worker import TEST_ENGINE_ENV, WorkerProc

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from producer.dataset.normalize import normalize_row
-from worker.admission import AdmissionGate, admission_level
+from worker.engine.admission import AdmissionGate, admission_level
 
 pytestmark = pytest.mark.engine
 
@@ -49,7 +49,7 @@ def test_engine_limits_as_built(engine_host):
 
 
 def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_host, renderer):
-    from worker.generation import generate_batch
+    from worker.conversation.generation import generate_batch
 
     run = _run(engine_host, renderer)
     gate = RecordingGate(3, engine_host)
@@ -72,6 +72,6 @@ def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_hos
     tickets = [order[0] for order in gate.grants]
     # Every conversation of the batch taken first was admitted before any of the second's.
     assert tickets == sorted(tickets) and len(set(tickets)) == 2
-    # The occupancy sampler (worker/occupancy.py) saw what this gate did: an engine far below
+    # The occupancy sampler (worker/engine/occupancy.py) saw what this gate did: an engine far below
     # max_num_seqs while conversations waited at the gate, the starvation it exists to report.
     assert engine_host.occupancy.total.short_waiting > short_before

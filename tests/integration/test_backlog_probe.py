@@ -1,4 +1,4 @@
-"""What a worker reads of its queues' backlog (worker/backlog.py): the ledger's counter, Redis's live GPUs and queue."""
+"""What a worker reads of its queues' backlog (worker/batches/backlog.py): the ledger's counter, Redis's live GPUs and queue."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import redis as redis_lib
 from sqlalchemy import text
 
 from ledger import transitions
-from worker.backlog import HOLDERS_KEY, HolderRegistry, make_probe
-from worker.batch_ledger import run_backlog
+from worker.batches.backlog import HOLDERS_KEY, HolderRegistry, make_probe
+from worker.batches.ledger_calls import run_backlog
 
 
 def _new_run(s, name: str, *, queue: str = "regen", status: str = "active") -> int:

@@ -380,7 +380,7 @@ def test_rows_generated_by_the_engine_are_classified_and_exported_for_the_consum
         sessions, store, s3_bucket, engine_host, renderer, tmp_path):
     from ledger.quality import CLASSES, Thresholds, classify_sample
     from producer.dataset.normalize import normalize_row
-    from worker.generation import generate_batch
+    from worker.conversation.generation import generate_batch
 
     sample_dir = Path(__file__).resolve().parents[2] / "data" / "sample"
     samples = []

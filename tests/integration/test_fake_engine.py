@@ -1,4 +1,4 @@
-"""The whole worker path with the fake engine (worker/fake_engine.py): real Postgres, Redis, moto S3, Celery.
+"""The whole worker path with the fake engine (worker/engine/fake.py): real Postgres, Redis, moto S3, Celery.
 
 Seconds, not minutes: no vLLM. Also checks that a fake batch says so in its rows and provenance.
 """
@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from ledger.objects import ObjectStore
 from tests.support.helpers import ROOT, cli_env, output_rows, run_cli, status_json, wait_for
-from worker.fake_engine import FAKE_ENGINE_VERSION
+from worker.engine.fake import FAKE_ENGINE_VERSION
 
 SAMPLE = ROOT / "data" / "sample"
 
@@ -26,7 +26,7 @@ def test_a_fake_engine_worker_finishes_a_run_and_marks_it_fake(settings, s3_env,
              "--batch-size", "16", "--max-tokens", "200", "--json"], env)
     log_path = tmp_path / "fake-worker.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "worker.process", "--name", "fake0@test",
+        proc = subprocess.Popen([sys.executable, "-m", "worker.process.consumer", "--name", "fake0@test",
                                  "--fake-engine", "tok_s=20000,seqs=64,mean=100,sigma=1"],
                                 env={**env, "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT,
                                 cwd=ROOT, start_new_session=True)

@@ -105,9 +105,9 @@ def family(request, tmp_path_factory):
     """(case, model dir, run record, rows): one engine per case, closed before the next starts."""
     from producer.run_config import build_run_config
     from tests.fixtures.worker import TEST_ENGINE_ENV
-    from worker.engine import EngineHost
-    from worker.generation import generate_batch
-    from worker.rendering import Renderer
+    from worker.conversation.generation import generate_batch
+    from worker.conversation.rendering import Renderer
+    from worker.engine.host import EngineHost
     from worker.tiny.family_model import build_tiny_model
 
     case = request.param
@@ -190,7 +190,7 @@ def test_every_regenerated_turn_is_the_models_own_text(family, fresh_tokenizer):
 def test_the_thinking_switch_is_honoured_as_the_template_says(family):
     """Thinking on: the prompt leaves the thought open (or to the model); off: it has closed it, and the turn is
     all answer. A mix run has both, through the template's own argument (V3.1's ``thinking``)."""
-    from ledger.template_probe import prompt_thought
+    from targets.template_probe import prompt_thought
 
     case, _, config, rows = family
     tokenizer = family_tokenizer(family)

@@ -2,7 +2,7 @@
 
 Runs the bundled conversations (system prompts, multi-turn, single, multiple and
 parallel tool calls) through the shared engine with thinking on, off and mixed,
-exactly as a worker does (worker.generation.generate_batch), then checks each
+exactly as a worker does (worker.conversation.generation.generate_batch), then checks each
 generation event against an independent transformers rendering.
 """
 
@@ -37,7 +37,7 @@ def _conversations(limit_per_file: int = 12) -> list[dict]:
 
 
 def _run(engine_host, renderer, samples, *, thinking: str, off_share: float = 0.0, max_tokens: int = 192):
-    from worker.generation import generate_batch
+    from worker.conversation.generation import generate_batch
 
     run = {"id": 1, "name": "fidelity", "model": engine_host.model, "config_hash": "x" * 64,
            "provenance": {"engine": engine_host.engine_version, "chat_template_sha256": renderer.template_hash},

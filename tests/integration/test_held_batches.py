@@ -1,9 +1,9 @@
 """A worker left to its defaults holds more batches while its engine starves, never more than its ceiling.
 
 Real Celery, Redis, Postgres and a CPU engine: ``max_num_seqs`` 8 makes the derived start
-3 batches (worker/admission.py assumes batches of 64), and this run's batches hold 4
+3 batches (worker/engine/admission.py assumes batches of 64), and this run's batches hold 4
 conversations each, so 3 of them leave the engine short of work with nobody waiting at
-the admission gate: exactly what worker/holding.py must answer by raising Celery's
+the admission gate: exactly what worker/batches/holding.py must answer by raising Celery's
 prefetch count. The ledger shows what the worker held at once.
 """
 
@@ -17,8 +17,8 @@ from sqlalchemy import text
 from tests.faults.farm import batches_by_status, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.support.helpers import cli_env, run_cli, wait_for
-from worker.admission import batches_to_hold
-from worker.holding import CEILING
+from worker.batches.holding import CEILING
+from worker.engine.admission import batches_to_hold
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

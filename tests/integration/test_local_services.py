@@ -17,8 +17,8 @@ import psycopg
 import pytest
 import redis
 
-from ledger.local_s3 import free_port
-from ledger.local_services import answers, local_postgres, local_redis, with_database
+from local.s3 import free_port
+from local.services import answers, local_postgres, local_redis, with_database
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ import boto3
 import pytest
 
 from ledger.errors import ChecksumMismatch, StoreError, UnsafeKey
-from ledger.local_s3 import start_local_s3
 from ledger.objects import ObjectStore, join_key
 from ledger.shards import decode_shard, encode_shard, output_shard_url, sha256_hex
+from local.s3 import start_local_s3
 from tests.support.s3_fault_proxy import FaultProxy
 
 #: Fast backoff so retry tests take milliseconds, not the production seconds.

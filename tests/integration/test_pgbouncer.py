@@ -17,7 +17,7 @@ from sqlalchemy import text
 from ledger import transitions
 from ledger.db import make_engine, make_sessionmaker
 from ledger.settings import Settings
-from worker.batch_ledger import ClaimOutcome, claim_batch, commit_batch, heartbeat
+from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch, heartbeat
 
 THREADS = 12
 BATCHES = 48

@@ -11,7 +11,7 @@ fake-engine worker processes (up to 4 connections each), the submit and the stat
 several times more clients than the pool has server connections.
 
 Through it run a submit (its COPY and its transaction-level lock), two worker processes of the
-fake engine (worker/fake_engine.py: claims, heartbeats, commits, the reconciler; everything but
+fake engine (worker/engine/fake.py: claims, heartbeats, commits, the reconciler; everything but
 vLLM) and ``regen status``, with every client in transaction mode as compose sets it
 (``REGEN_DB_POOLER=transaction``). The run must finish with every sample done once, Postgres
 must never see more connections to the database than the compose's pool, and no statement may
@@ -193,7 +193,7 @@ def test_the_compose_pgbouncer_carries_a_fake_engine_farm_within_its_pool(compos
             for i, log_path in enumerate(logs):
                 with open(log_path, "wb") as log_file:
                     workers.append(subprocess.Popen(
-                        [sys.executable, "-m", "worker.process", "--name", f"fake{i}@pooled",
+                        [sys.executable, "-m", "worker.process.consumer", "--name", f"fake{i}@pooled",
                          # ~3 s per answer (31 tok/s per sequence): batches run long enough to heartbeat.
                          "--fake-engine", "tok_s=2000,seqs=64,mean=100,sigma=1",
                          # Heartbeats and reconciler passes many times within the run's seconds.

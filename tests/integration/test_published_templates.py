@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.dialogue import Generation
+from worker.conversation.dialogue import Generation
 
 pytest.importorskip("vllm")
 
@@ -31,7 +31,7 @@ SAMPLING = {"reasoning_parser": "auto", "tool_parser": "auto", "thinking_arg": "
 def _renderer(tiny_family_model, family: str, template: str):
     from transformers import AutoTokenizer
 
-    from worker.rendering import Renderer
+    from worker.conversation.rendering import Renderer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_family_model(family))
     tokenizer.chat_template = (PUBLISHED / template).read_text()

@@ -15,7 +15,7 @@ from ledger.dispatch import make_celery
 from ledger.reconcile import reconcile_once, requeue
 from producer.monitoring.status import render_status, run_status
 from tests.faults.ledger_setup import write_dataset
-from worker.batch_ledger import ClaimOutcome, claim_batch
+from worker.batches.ledger_calls import ClaimOutcome, claim_batch
 
 QUEUE = "regen"
 

@@ -1,4 +1,4 @@
-"""The launcher's reaper (worker/reaper.py) with stand-in workers: no engine, seconds to run.
+"""The launcher's reaper (worker/process/reaper.py) with stand-in workers: no engine, seconds to run.
 
 A stand-in worker starts what a vLLM engine would leave behind at its worst: a
 grandchild that ignores SIGTERM (vLLM's engine core while it loads its model) and
@@ -38,7 +38,7 @@ FAKE_WORKER = textwrap.dedent("""
 
 LAUNCH = textwrap.dedent("""
     import sys
-    from worker.launcher import Launcher, ProcessPlan
+    from worker.process.launcher import Launcher, ProcessPlan
     import os
     plans = [ProcessPlan(name=f"fake{i}", devices=(), env=dict(os.environ),
                          argv=(sys.executable, "-c", sys.argv[1])) for i in range(2)]

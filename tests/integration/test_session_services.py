@@ -20,8 +20,8 @@ import psutil
 import psycopg
 import redis
 
-from ledger.local_s3 import free_port
-from ledger.local_services import answers
+from local.s3 import free_port
+from local.services import answers
 from tests.support.embedded_services import EmbeddedServices, sweep_leftovers
 from tests.support.helpers import ROOT, wait_for
 

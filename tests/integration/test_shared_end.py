@@ -1,11 +1,11 @@
 """A run's end is shared: a worker that took the whole run hands back what it has not started to one that starves.
 
-Two real worker processes with the fake engine (worker/fake_engine.py), real Postgres, Redis,
+Two real worker processes with the fake engine (worker/engine/fake.py), real Postgres, Redis,
 moto S3 and Celery. Worker A starts alone and, left to its defaults (128 sequences: 16 batches
 of 64 held), takes the whole run of 16 batches; its gate lets 128 conversations (2 batches) in
 at once, so 14 batches wait in it, held but not started. Each conversation takes ~4 s (100
 tokens at 25 tokens/s per sequence), so A alone needs at least 1,024 x 4 / 128 = 32 s. Worker B
-starts once A holds everything. Without worker/holding.py's backlog bound B would idle until the
+starts once A holds everything. Without worker/batches/holding.py's backlog bound B would idle until the
 run ended; with it A hands back the batches beyond its share and B generates them.
 """
 
@@ -34,7 +34,7 @@ ALONE_S = BATCHES * BATCH_SIZE * SECONDS / SEQS
 
 def _worker(name: str, env: dict, log_path: Path) -> subprocess.Popen:
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "worker.process", "--name", name, "--fake-engine", FAKE,
+    return subprocess.Popen([sys.executable, "-m", "worker.process.consumer", "--name", name, "--fake-engine", FAKE,
                              "--heartbeat-s", "1"], env={**env, "PYTHONUNBUFFERED": "1"}, stdout=log_file,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 

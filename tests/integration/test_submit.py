@@ -142,7 +142,7 @@ def test_a_worker_claim_carries_where_its_batch_input_is(settings, s3_env, s3_bu
                                                          monkeypatch):
     from ledger.objects import ObjectStore
     from ledger.shards import read_input_shard
-    from worker.batch_ledger import ClaimOutcome, claim_batch
+    from worker.batches.ledger_calls import ClaimOutcome, claim_batch
 
     data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(6)])
     run_cli(["submit", str(data), "--run", "w", "--model", "m", "--output", f"{s3_bucket}/w", "--batch-size", "4"],

@@ -57,7 +57,7 @@ def engine_main() -> None:
     # speed; the tests want a fast load. bfloat16 is the checkpoint's dtype and
     # the fastest on CPUs with AVX512-BF16/AMX. No chunked prefill: vLLM 0.32's CPU
     # build kills the engine ("CPU Generator does not use offset") when a seeded
-    # request's prompt is prefilled in chunks (as worker/engine.py notes).
+    # request's prompt is prefilled in chunks (as worker/engine/host.py notes).
     llm = LLM(model=request["model"], max_model_len=MAX_MODEL_LEN, dtype="bfloat16", enforce_eager=True,
               enable_chunked_prefill=False, seed=0)
     load_s = time.monotonic() - start
@@ -97,7 +97,7 @@ def report_speed(name: str, report: dict) -> None:
 
 def format_problems(example, text: str, finish_reason: str) -> list[str]:
     """What is wrong with one generation, as short codes (empty: it parses)."""
-    from worker.parsing import parse_tool_calls, split_reasoning
+    from targets.parsing import parse_tool_calls, split_reasoning
 
     problems = []
     if finish_reason != "stop":

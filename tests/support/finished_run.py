@@ -1,5 +1,5 @@
 """Build a finished run directly in the ledger and the store, with output rows shaped like
-``worker/generation.py:generate_sample`` writes them and token ids from a real tokenizer.
+``worker/conversation/generation.py:generate_sample`` writes them and token ids from a real tokenizer.
 
 For the report and export tests: no engine, no worker, yet every byte is what a worker
 would have committed (shards via ``encode_shard``, the ledger's sha256, samples' columns).

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from worker.admission import AdmissionGate, HandedBack, admission_level, batches_to_hold
-from worker.engine import _supported, _unfinished_counter, engine_defaults, expected_max_num_seqs
+from worker.engine.admission import AdmissionGate, HandedBack, admission_level, batches_to_hold
+from worker.engine.host import _supported, _unfinished_counter, engine_defaults, expected_max_num_seqs
 
 
 def test_level_and_held_batches_follow_max_num_seqs():

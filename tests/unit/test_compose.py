@@ -24,8 +24,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-import worker.launcher
-import worker.runtime
+import worker.process.launcher
+import worker.process.runtime
 from ledger.settings import Settings, sqlalchemy_url
 from producer.cli import main
 from tests.support.compose import (
@@ -213,7 +213,7 @@ def test_every_regen_command_in_the_compose_file_exists_in_the_cli(values):
 
 @pytest.mark.parametrize("service, processes", [("worker", 4), ("worker-cpu", 1)])
 def test_worker_commands_plan_one_process_per_gpu_group(monkeypatch, service, processes):
-    monkeypatch.setattr(worker.launcher, "discover_gpus", lambda: ["0", "1", "2", "3"])
+    monkeypatch.setattr(worker.process.launcher, "discover_gpus", lambda: ["0", "1", "2", "3"])
     argv = regen_commands_in_compose()[service]
     result = CliRunner().invoke(main, [*argv, "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -236,7 +236,7 @@ def test_gpu_worker_reserves_every_gpu_and_shared_memory():
 def test_workers_get_longer_to_stop_than_the_launcher_gives_its_engines(service):
     svc = load_compose()["services"][service]
     assert svc.get("stop_signal", "SIGTERM") == "SIGTERM"
-    assert duration_s(svc["stop_grace_period"]) >= worker.launcher.STOP_GRACE_S + 15
+    assert duration_s(svc["stop_grace_period"]) >= worker.process.launcher.STOP_GRACE_S + 15
 
 
 def test_cpu_worker_is_a_trial_behind_the_cpu_profile():
@@ -256,7 +256,7 @@ def test_flower_requires_auth_and_nothing_turns_worker_heartbeats_off():
     assert user and password == DUMMY_SECRETS["FLOWER_PASSWORD"]
     assert flower["environment"]["CELERY_BROKER_URL"] == load_compose()["x-regen-env"]["REDIS_URL"]
     assert "--without-heartbeat" not in COMPOSE.read_text()
-    assert "--without-heartbeat" not in (ROOT / "worker" / "process.py").read_text()
+    assert "--without-heartbeat" not in (ROOT / "worker" / "process" / "consumer.py").read_text()
 
 
 def test_redis_keeps_an_fsynced_append_only_file_and_never_evicts():
@@ -326,9 +326,9 @@ def test_pgbouncer_keeps_postgres_within_its_connections_for_a_farm_of_1000_gpus
     assert int(bouncer["PGBOUNCER_RESERVE_POOL_SIZE"]) == 0
     # The goal (<= 500 at Postgres), with room left for migrate, psql, regen metrics, pg_dump.
     assert pool + 50 <= _postgres_max_connections(services) <= 500
-    # 1,000 GPUs at --tp 1: 1,000 worker processes of up to 4 connections each (worker/runtime.py).
+    # 1,000 GPUs at --tp 1: 1,000 worker processes of up to 4 connections each (worker/process/runtime.py).
     clients = int(bouncer["PGBOUNCER_MAX_CLIENT_CONN"])
-    assert clients >= 1000 * (worker.runtime.DB_POOL_SIZE + worker.runtime.DB_MAX_OVERFLOW)
+    assert clients >= 1000 * (worker.process.runtime.DB_POOL_SIZE + worker.process.runtime.DB_MAX_OVERFLOW)
     nofile = services["pgbouncer"]["ulimits"]["nofile"]
     assert min(int(nofile["soft"]), int(nofile["hard"])) >= clients + pool + 100
     assert int(bouncer["PGBOUNCER_LISTEN_BACKLOG"]) >= 1024

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from worker.dialogue import Generation, SampleError, regenerate_conversation
+from worker.conversation.dialogue import Generation, SampleError, regenerate_conversation
 
 THINK_END_ID = 7
 

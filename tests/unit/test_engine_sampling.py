@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.throughput import run_config
-from worker.generation import engine_sampling
+from worker.conversation.generation import engine_sampling
 from worker.tiny.model import build_tiny_model
 
 

@@ -1,4 +1,4 @@
-"""vLLM's scheduler stats as regen records them (worker/engine_stats.py): a step, a window's line, its parse."""
+"""vLLM's scheduler stats as regen records them (worker/engine/stats.py): a step, a window's line, its parse."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.engine_stats import SchedulerRecorder, SchedulerWindow, added_up, attach, logged_scheduler_windows
+from worker.engine.stats import SchedulerRecorder, SchedulerWindow, added_up, attach, logged_scheduler_windows
 
 
 def _stats(running, waiting, kv, queries=0, hits=0, skipped=0):
@@ -20,7 +20,7 @@ def test_recorder_adds_steps_and_logs_a_window_that_parses_back(caplog):
     rec.record(_stats(300, 1200, 0.99, queries=1000, hits=100), SimpleNamespace(num_preempted_reqs=3))
     rec.record(_stats(320, 1180, 0.90, skipped=20), None, None, engine_idx=0)
     rec.record(None, None)  # a step without scheduler stats counts nothing
-    with caplog.at_level("INFO", logger="worker.engine_stats"):
+    with caplog.at_level("INFO", logger="worker.engine.stats"):
         rec.flush()
     [line] = [r.getMessage() for r in caplog.records]
     [w] = logged_scheduler_windows([line])

@@ -120,7 +120,7 @@ def test_a_measured_drain_replaces_the_half_longest_conversation_bound():
 
 
 def test_probe_drain_loss_is_the_drain_less_its_tokens_at_the_full_rate():
-    from worker.probe import _drain
+    from worker.engine.pilot import _drain
 
     # Full engine at 100 tok/s until t=10; the drain from t=10 to t=16 made 300 tokens,
     # which a full engine makes in 3 s: 3 s lost.
@@ -148,7 +148,7 @@ def test_estimate_uses_the_probe_s_measured_drain_and_says_so(tmp_path):
 
 
 def test_probe_start_loss_is_its_first_phase_less_its_tokens_at_the_settled_rate():
-    from worker.probe import _start
+    from worker.engine.pilot import _start
 
     # The engine fills: 200 tokens in its first 4 s, then 100 tok/s; the last sample ends at t=10,
     # after 800 tokens, which the settled engine (100 tok/s) makes in 8 s: 2 s lost to the start.
@@ -203,7 +203,7 @@ def test_estimate_uses_the_probe_s_measured_start_and_says_so(tmp_path):
 
 
 def test_a_probe_repeat_has_its_own_id_and_a_prompt_the_prefix_cache_has_not_seen():
-    from worker.probe import repeat_of
+    from worker.engine.pilot import repeat_of
 
     sample = {"sample_id": "s1", "tools": [{"name": "t"}], "messages": [
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Why?"},
@@ -358,7 +358,7 @@ def test_compare_puts_actual_beside_the_estimate_and_rescales_wall_to_the_worker
 
 
 def test_probe_throughput_window_is_the_settled_phase_between_the_last_sample_and_the_drain():
-    from worker.probe import _full_engine_window
+    from worker.engine.pilot import _full_engine_window
 
     # Young engine (fast) until the last sample ends at t=10, settled from 10 to 20, drain after.
     timeline = [(0.0, 0.0), (5.0, 800.0), (10.0, 1500.0), (15.0, 2000.0), (20.0, 2500.0), (22.0, 2600.0)]
@@ -370,7 +370,7 @@ def test_probe_throughput_window_is_the_settled_phase_between_the_last_sample_an
 
 
 def test_probe_record_counts_answer_tokens_as_all_tokens_when_the_model_has_no_think_tag():
-    from worker.probe import sample_record
+    from worker.engine.pilot import sample_record
 
     row = {"sample_id": "a", "status": "done", "turns": 2, "error": None,
            "usage": {"prompt_tokens": 30, "completion_tokens": 70, "reasoning_tokens": None, "answer_tokens": None},

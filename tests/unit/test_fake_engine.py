@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from worker.fake_engine import FakeEngineSpec, FakeEngineSpecError, SharedDecode
+from worker.engine.fake import FakeEngineSpec, FakeEngineSpecError, SharedDecode
 
 
 def test_spec_parses_and_multiplies_by_gpus():

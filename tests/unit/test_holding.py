@@ -1,4 +1,4 @@
-"""The batches a worker holds grow when its engine starves for want of work (worker/holding.py)."""
+"""The batches a worker holds grow when its engine starves for want of work (worker/batches/holding.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 
 from kombu.common import QoS
 
-from worker.backlog import Backlog
-from worker.holding import (
+from worker.batches.backlog import Backlog
+from worker.batches.holding import (
     CEILING,
     HoldingController,
     HoldingPolicy,
@@ -17,7 +17,7 @@ from worker.holding import (
     share_bound,
     to_hand_back,
 )
-from worker.occupancy import Window
+from worker.engine.occupancy import Window
 
 
 def _window(samples: int, short_idle: int, short_waiting: int = 0) -> Window:
@@ -131,7 +131,7 @@ class _Sharing:
 
 
 def test_the_controller_lowers_its_prefetch_before_handing_back_and_raises_it_when_work_returns(monkeypatch):
-    monkeypatch.setattr("worker.holding.BRPOP_S", 0.0)
+    monkeypatch.setattr("worker.batches.holding.BRPOP_S", 0.0)
     script = _Sharing([_backlog(40, live_gpus=2), _backlog(20, live_gpus=2), _backlog(400, waiting=300)], held=40)
     applied: list[int] = []
     stop = threading.Event()

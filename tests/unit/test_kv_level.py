@@ -1,11 +1,11 @@
-"""The admission level a KV-cache-limited engine holds (worker/kv_level.py), and the gate following it."""
+"""The admission level a KV-cache-limited engine holds (worker/engine/kv_level.py), and the gate following it."""
 
 import asyncio
 
 import pytest
 
-from worker.admission import AdmissionGate
-from worker.kv_level import FLOOR, KV_HEADROOM, MIN_SAMPLES, KvLevel
+from worker.engine.admission import AdmissionGate
+from worker.engine.kv_level import FLOOR, KV_HEADROOM, MIN_SAMPLES, KvLevel
 
 
 def test_the_default_level_holds_until_enough_answers_have_ended():
@@ -98,7 +98,7 @@ def test_a_raised_level_lets_waiters_in_and_a_lowered_one_evicts_nobody():
 
 
 def test_the_learned_level_is_off_unless_asked_for(monkeypatch):
-    from worker.kv_level import KV_ADMISSION_ENV, kv_admission_wanted
+    from worker.engine.kv_level import KV_ADMISSION_ENV, kv_admission_wanted
 
     monkeypatch.delenv(KV_ADMISSION_ENV, raising=False)
     assert not kv_admission_wanted()

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from ledger.errors import ConfigError
 from producer.cli import main
-from worker import launcher
-from worker.launcher import parse_gpus, plan_processes
+from worker.process import launcher
+from worker.process.launcher import parse_gpus, plan_processes
 
 
 def _arg(plan, flag: str) -> str:
@@ -29,7 +29,7 @@ def test_four_gpus_with_tensor_parallel_two_plan_two_processes_on_pairs_of_devic
     assert [p.devices for p in plans] == [("0", "1"), ("2", "3")]
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0,1", "2,3"]
     for plan in plans:
-        assert plan.argv[:3] == (sys.executable, "-m", "worker.process")
+        assert plan.argv[:3] == (sys.executable, "-m", "worker.process.consumer")
         assert _arg(plan, "--name") == plan.name
         assert _engine_args(plan) == ["tensor_parallel_size=2"]
         assert plan.env["PATH"] == "/usr/bin"
@@ -108,7 +108,7 @@ def test_dry_run_prints_the_plan():
 
 
 def test_engine_args_written_as_pairs_read_back_the_same():
-    from worker.engine_args import format_engine_args, parse_engine_args
+    from worker.engine.args import format_engine_args, parse_engine_args
 
     args = {"max_model_len": 8192, "load_format": "dummy", "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
             "quoted": "a=b c"}

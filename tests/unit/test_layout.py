@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("ledger", "worker", "producer")
+PACKAGES = ("ledger", "targets", "worker", "local", "producer")
 #: Who may import whom: a package imports only those before it.
-ORDER = ("ledger", "worker", "producer", "bench")
+ORDER = ("ledger", "targets", "worker", "local", "producer", "bench")
 #: producer/'s root: the CLI and the run verbs. Everything else lives in a subpackage.
 PRODUCER_ROOT = {"__init__.py", "cli.py", "cli_common.py", "submit.py", "run_config.py", "retry.py", "clean.py"}
 
@@ -92,7 +92,7 @@ def test_the_packages_have_no_import_circle():
     assert _cycles(graph) == []
 
 
-def test_imports_go_one_way_ledger_worker_producer_bench():
+def test_imports_go_one_way_ledger_targets_worker_local_producer_bench():
     graph = _graph(*ORDER, "tests")
     wrong = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
              if m.split(".")[0] in ORDER and (d.split(".")[0] == "tests"
@@ -114,3 +114,30 @@ def test_every_package_has_a_map_and_is_listed_for_setuptools():
         package = ".".join(init.parent.relative_to(ROOT).parts)
         assert package in listed, f"{package} is missing from pyproject.toml's packages"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(ROOT)} has no map"
+
+
+def test_the_worker_root_holds_at_most_ten_modules_and_its_rooms():
+    """worker/ is grouped into rooms named after what they serve (issue 35), not a flat folder."""
+    root_modules = {p.name for p in (ROOT / "worker").glob("*.py")}
+    assert len(root_modules) <= 10, sorted(root_modules)
+    rooms = {p.name for p in (ROOT / "worker").iterdir() if (p / "__init__.py").exists()}
+    assert {"engine", "conversation", "batches", "process", "measure", "tiny"} <= rooms
+
+
+def test_the_ledger_holds_only_the_ledger():
+    """Templates and parsers live in targets/, local servers in local/, process deaths in worker/process/."""
+    names = {p.stem for p in (ROOT / "ledger").glob("*.py")}
+    strays = {n for n in names if any(w in n for w in ("template", "parser", "local", "orphan"))}
+    assert strays == set()
+
+
+def test_parser_choice_and_parsing_live_in_one_package():
+    found = {".".join(p.relative_to(ROOT).with_suffix("").parts)
+             for top in PACKAGES for p in (ROOT / top).rglob("*pars*.py")}
+    assert found and {name.split(".")[0] for name in found} == {"targets"}, found
+
+
+def test_no_production_module_is_over_450_lines():
+    long = {str(p.relative_to(ROOT)): n for top in PACKAGES for p in (ROOT / top).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}

@@ -1,11 +1,11 @@
-"""The engine-occupancy sampler (worker/occupancy.py): it tells a worker short of work from a slow loop."""
+"""The engine-occupancy sampler (worker/engine/occupancy.py): it tells a worker short of work from a slow loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from worker.occupancy import OccupancySampler, Window, logged_windows, parse_windows
+from worker.engine.occupancy import OccupancySampler, Window, logged_windows, parse_windows
 
 
 def test_short_samples_are_told_apart_by_whether_work_waited_at_the_gate():
@@ -54,7 +54,7 @@ def test_the_sampler_sees_a_blocked_loop_as_lag_and_logs_a_window(caplog):
         await asyncio.sleep(0.15)
         task.cancel()
 
-    with caplog.at_level(logging.INFO, logger="worker.occupancy"):
+    with caplog.at_level(logging.INFO, logger="worker.engine.occupancy"):
         asyncio.run(scenario())
     assert sampler.total.lag_max_s >= 0.1
     assert sampler.total.short_waiting == sampler.total.samples > 0   # 10 < 32 with 3 waiting, every sample

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ledger.errors import ConfigError
-from ledger.parsers import (
+from targets.parser_choice import (
     AUTO,
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -17,7 +17,7 @@ from ledger.parsers import (
     recorded_parsers,
     resolve_auto,
 )
-from ledger.template_probe import probe_template
+from targets.template_probe import probe_template
 from worker.tiny.families import TEMPLATES_DIR
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from targets.parsing import parse_tool_calls, split_reasoning
 from tests.support.helpers import require
-from worker.parsing import parse_tool_calls, split_reasoning
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates" / "qwen3_chat.jinja"
 

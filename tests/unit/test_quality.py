@@ -1,4 +1,4 @@
-"""Quality classes of hand-built output rows (the shape worker/generation.py writes) and the gate's maths."""
+"""Quality classes of hand-built output rows (the shape worker/conversation/generation.py writes) and the gate's maths."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def words(n: int, seed: int = 0) -> list[int]:
 def turn(*, reasoning: str | None = "Let me think about it.", content: str = "Paris is the capital of France.",
          reasoning_ids: int = 20, answer_ids: int = 12, finish: str = "stop", tool_calls=None, tool_errors=(),
          think_tags_ok: bool = True, truncated_in_reasoning: bool = False, completion=None, thinking: bool = True):
-    """One (assistant message, event) pair shaped like worker/dialogue.py writes them."""
+    """One (assistant message, event) pair shaped like worker/conversation/dialogue.py writes them."""
     if completion is None:
         completion = (words(reasoning_ids, 1) + [THINK_END] if thinking else []) + words(answer_ids, 2)
     message = {"role": "assistant", "reasoning_content": reasoning if thinking else None, "content": content}

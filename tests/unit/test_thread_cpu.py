@@ -1,4 +1,4 @@
-"""worker/thread_cpu.py: a process's CPU by thread kind, read from /proc, as the worker logs it."""
+"""worker/measure/thread_cpu.py: a process's CPU by thread kind, read from /proc, as the worker logs it."""
 
 import sys
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from worker import thread_cpu
+from worker.measure import thread_cpu
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 

@@ -1,0 +1,166 @@
+"""The worker's side of the ledger: claim with a fencing token, heartbeat, commit, release.
+
+``batches.attempts`` is the fencing token. A claim increments it; every later
+write of that attempt says ``WHERE attempts = :attempt AND status = 'running'``.
+A stale attempt (its worker was presumed dead, or the broker redelivered the
+message after its visibility timeout) therefore can never overwrite a newer
+record: its commit finds no row and it acknowledges without writing.
+
+The statements themselves, fences included, are ledger/transitions.py's (the one
+module that writes a status); this module adds the worker's retries and outcomes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger import transitions
+from ledger.db import retry_db
+from ledger.runs import run_of_batch
+from ledger.shards import InputSlice
+from ledger.states import BatchStatus, RunStatus
+from worker.measure.ledger_timing import timed
+
+
+class ClaimOutcome(str, Enum):
+    CLAIMED = "claimed"
+    ALREADY_DONE = "already_done"        # done or dead: ack, nothing to do
+    HELD_ELSEWHERE = "held_elsewhere"    # a live attempt holds it: this delivery is a duplicate
+    RUN_PAUSED = "run_paused"            # hand it back without generating
+    MISSING = "missing"                  # no such batch (ledger reset): ack
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    attempt: int = 0
+    #: The run's ``RunRecord.for_worker()``: the dict the batch path takes.
+    run: dict | None = None
+    #: Where the batch's input shard is, as the ledger says (its range in a packed object).
+    input: InputSlice | None = None
+
+
+@timed("claim")
+def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
+    def tx() -> Claim:
+        with sessions.begin() as s:
+            attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s)
+            found = run_of_batch(s, batch_id)
+            if found is None:
+                return Claim(ClaimOutcome.MISSING)
+            batch_status, record, where = found
+            run = record.for_worker()
+            if attempt is not None:
+                return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run, input=where)
+            if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+                # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
+                transitions.count_stale_delivery(s, batch_id)
+                return Claim(ClaimOutcome.ALREADY_DONE, run=run)
+            if record.status == RunStatus.PAUSED.value:
+                return Claim(ClaimOutcome.RUN_PAUSED, run=run)
+            transitions.count_stale_delivery(s, batch_id)
+            return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
+
+    return retry_db(tx, what=f"claim batch {batch_id}")
+
+
+@timed("heartbeat")
+def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
+    """Refresh the lease of every (batch, attempt) held; return the batches no longer ours."""
+    if not held:
+        return set()
+    with sessions.begin() as s:
+        rows = s.execute(text(
+            "UPDATE batches SET heartbeat_at = now() "
+            "WHERE status = 'running' AND (id, attempts) IN (SELECT unnest(CAST(:ids AS bigint[])), "
+            "unnest(CAST(:attempts AS int[]))) RETURNING id"),
+            {"ids": list(held), "attempts": list(held.values())}).all()
+    return set(held) - {r[0] for r in rows}
+
+
+@timed("release")
+def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, reason: str) -> None:
+    """Give a batch back (shutdown, paused run): queued again, attempt kept as history."""
+    def tx() -> None:
+        with sessions.begin() as s:
+            transitions.release(s, batch_id, attempt, reason=reason)
+    retry_db(tx, what=f"release batch {batch_id}", max_wait_s=20)
+
+
+@timed("fail")
+def fail_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, error: str,
+               max_attempts: int) -> BatchStatus:
+    """Record a failed attempt: ``dead`` once failures reach ``max_attempts``, else back to ``queued``."""
+    def tx() -> BatchStatus:
+        with sessions.begin() as s:
+            status = transitions.fail(s, batch_id, attempt, error=error, max_attempts=max_attempts)
+        # Fenced off: another attempt holds the batch, which is still running as far as this one knows.
+        return BatchStatus.RUNNING if status is None else status
+    return retry_db(tx, what=f"fail batch {batch_id}")
+
+
+class _FencedOff(Exception):
+    """Raised inside a commit's transaction to roll it back: its attempt is no longer the batch's."""
+
+
+@timed("commit")
+def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
+                 output_sha256: str, rows: list[dict], provenance: dict | None = None) -> bool:
+    """Record a finished batch and all its samples in one transaction. False if fenced off."""
+    prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in rows)
+    completion_tokens = sum(r["usage"]["completion_tokens"] for r in rows)
+    sample_params = [{
+        "run": run_id, "sid": r["sample_id"], "status": r["status"], "finish": r.get("finish_reason"),
+        "stop": r.get("stop_reason"), "turns": r.get("turns"), "pt": r["usage"]["prompt_tokens"],
+        "ct": r["usage"]["completion_tokens"], "rt": r["usage"].get("reasoning_tokens"),
+        "at": r["usage"].get("answer_tokens"), "tc": r.get("tool_calls"), "key": output_key,
+        "quality": r.get("quality"),
+        "error": None if r.get("error") is None else f"{r['error']['reason']}: {r['error']['detail']}"[:2000],
+    } for r in rows]
+
+    def tx() -> bool:
+        try:
+            with sessions.begin() as s:
+                # Samples first, in one statement: the batch's own row last, because marking it
+                # done takes the run's row lock (the decrement of runs.open_batches, migration
+                # 0008) that serialises the run's commits, from there to the COMMIT. Taken at the
+                # start, as it was, it serialised whole commits: 50-78 per second per run (issue 22).
+                transitions.record_samples(s, sample_params)
+                if not transitions.mark_done(s, batch_id, attempt, output_key=output_key,
+                                             output_sha256=output_sha256, prompt_tokens=prompt_tokens,
+                                             completion_tokens=completion_tokens):
+                    raise _FencedOff  # a newer attempt holds the batch: roll the samples back
+                if provenance:
+                    # The run record names the engine and chat template its first batch used.
+                    s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
+                                   "CAST(:prov AS jsonb) WHERE id = :run AND NOT coalesce(provenance, "
+                                   "'{}'::jsonb) ? 'chat_template_sha256'"),
+                              {"run": run_id, "prov": json.dumps(provenance)})
+                # Under the run's row lock: the last commit of the run sees open_batches = 0.
+                transitions.finish_run_if_drained(s, run_id)
+                return True
+        except _FencedOff:
+            return False
+    return retry_db(tx, what=f"commit batch {batch_id}")
+
+
+# What is left of the active runs on some queues: runs.open_batches is a counter kept by
+# triggers (migration 0008), and "any planned batch" stops at the first row of the partial
+# index batches_planned_idx (migration 0007). One row per run, whatever the ledger's size.
+_BACKLOG = text("""
+SELECT coalesce(sum(r.open_batches), 0) AS open_batches,
+       coalesce(bool_or(EXISTS (SELECT 1 FROM batches b WHERE b.run_id = r.id AND b.status = 'planned')), false)
+           AS planned
+FROM runs r WHERE r.status = 'active' AND r.queue = ANY(:queues)""")
+
+
+def run_backlog(sessions: sessionmaker[Session], queues: tuple[str, ...]) -> tuple[int, bool]:
+    """``(open batches, any planned)`` of the active runs on ``queues``: not done or dead, and not yet published."""
+    with sessions() as s:
+        row = s.execute(_BACKLOG, {"queues": list(queues)}).one()
+    return int(row.open_batches), bool(row.planned)

@@ -1,0 +1,128 @@
+"""Generate one batch on the shared engine: each conversation as soon as it is admitted, each turn on policy.
+
+Runs on the engine's event loop. Every conversation of the batch waits for a slot
+at the engine's admission gate (worker/engine/admission.py: oldest batch first) and keeps
+it for all its turns, so each next turn is submitted the moment the previous one
+finishes (no per-batch barrier between turns) and the engine takes the next held
+conversation whenever one ends. A sample that cannot be generated becomes a failed
+row with its reason; only an engine failure fails the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ledger.hashing import sample_seed, thinking_enabled
+from worker.conversation.dialogue import SampleError, regenerate_conversation
+from worker.conversation.rendering import Renderer
+from worker.engine.host import EngineDead, EngineHost
+
+#: Sampling keys passed to vLLM's SamplingParams from the run's record. ``ignore_eos`` is
+#: never in a run regen submit builds (no option sets it, build_run_config leaves it out):
+#: only the benchmarks put it into their run's record, with ``--ignore-eos``, so a model
+#: that ends early still generates the workload's lengths. Being in the record, it is in
+#: the run's hash and in every output row's ``sampling``: such a run cannot pass for a real one.
+ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "ignore_eos")
+
+
+def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[str, Any]:
+    params = {k: run_sampling[k] for k in ENGINE_SAMPLING_KEYS if k in run_sampling}
+    # generation_config.json and the run record use 0 for "no top-k"; so does vLLM.
+    params["top_k"] = max(0, int(params.get("top_k") or 0))
+    # No incremental detokenization in vLLM's frontend: regen's parsers decode each
+    # completion once from its ids (targets/turn_parsers.py), while vLLM's per-token
+    # decoding ran on the engine's event loop (11% of that thread's CPU on the CPU
+    # benchmark, docs/performance.md). Nothing regen asks of vLLM needs text: its stops
+    # are token ids.
+    params.update(seed=seed, max_tokens=max_tokens, detokenize=False)
+    return params
+
+
+async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, run: dict) -> dict:
+    sampling = run["sampling"]
+    sid = sample["sample_id"]
+    thinking = thinking_enabled(sampling.get("thinking", "on"), float(sampling.get("thinking_off_share", 0.0)), sid)
+    run_seed = int(sampling.get("seed", 0))
+
+    parser = renderer.parser_for(sampling)
+    thinking_arg = renderer.thinking_arg_for(sampling)
+
+    def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return renderer.render(messages, tools, thinking=thinking, thinking_arg=thinking_arg)
+
+    # An optional per-sample budget (bench/throughput.py's long-tailed lengths) can only
+    # lower the run's max_tokens, never raise it.
+    budget = min(int(sampling["max_tokens"]), int(sample.get("max_tokens") or sampling["max_tokens"]))
+
+    async def generate(prompt_ids: list[int], turn: int):
+        room = renderer.max_model_len - len(prompt_ids)
+        params = engine_sampling(sampling, seed=sample_seed(run_seed, sid, turn),
+                                 max_tokens=max(1, min(budget, room)))
+        return await engine.generate(prompt_ids, params)
+
+    row: dict[str, Any] = {
+        "sample_id": sid,
+        "source": sample.get("source"),
+        "input_messages": sample["messages"],
+        "tools": sample.get("tools"),
+        "thinking": thinking,
+        "model": run["model"],
+        "sampling": {**sampling, "seed": sample_seed(run_seed, sid, 0)},
+        "provenance": run["provenance"],
+        "parser": parser.description,
+    }
+    try:
+        result = await regenerate_conversation(sample, thinking=thinking, render=render, generate=generate,
+                                               think_end_id=parser.think_end_id, parser=parser)
+    except SampleError as e:
+        row.update(status="failed", error={"reason": e.reason, "detail": e.detail}, messages=None, events=[],
+                   finish_reason=None, stop_reason=None, turns=0,
+                   usage={"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "answer_tokens": 0},
+                   tool_calls=0)
+        return row
+    row.update(
+        status="done",
+        error=None,
+        messages=result.messages,
+        events=result.events,
+        finish_reason=result.finish_reason,
+        stop_reason=result.stop_reason,
+        turns=result.turns,
+        tool_calls=result.tool_calls,
+        usage={"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+               "reasoning_tokens": result.reasoning_tokens, "answer_tokens": result.answer_tokens},
+    )
+    return row
+
+
+async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict) -> list[dict]:
+    """All samples of one batch, each once admitted. Raises EngineDead if the engine fails."""
+    ticket = engine.new_batch_ticket()
+
+    fake = getattr(engine, "fake", False)  # worker/engine/fake.py: a benchmark device, no vLLM
+
+    async def admitted(index: int, sample: dict) -> dict:
+        async with engine.admission.slot((ticket, index)):
+            if fake:
+                from worker.engine.fake import fake_sample
+
+                return await fake_sample(engine, sample, run)
+            return await generate_sample(engine, renderer, sample, run)
+
+    tasks = [asyncio.ensure_future(admitted(i, s)) for i, s in enumerate(samples)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # Cancellation (shutdown, fencing), an engine failure or a hand-back (HandedBack:
+        # withdrawn before it started): abort every request of the batch, so the engine's
+        # slots go to batches that will be kept.
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    finally:
+        engine.admission.forget(ticket)
+
+
+__all__ = ["generate_batch", "generate_sample", "EngineDead"]

@@ -1,0 +1,15 @@
+"""The engine room: one vLLM engine per worker process, and how full it is kept.
+
+In the order a conversation passes through::
+
+    admission.py   the gate: which held batch's conversations enter the engine, oldest first
+      kv_level.py  the level a KV-cache-limited engine runs without preempting (REGEN_KV_ADMISSION)
+    host.py        EngineHost: vLLM's AsyncLLM on its own event loop (loop.py), shared by all batches
+      args.py      ``--engine-arg k=v`` pairs to vLLM's engine arguments
+    occupancy.py   how full the engine was, sampled (read by worker/batches/holding.py)
+    stats.py       vLLM's scheduler stats, for a diagnosis only (REGEN_ENGINE_STATS=1)
+
+Beside it: fake.py (a fake engine for benchmarks and control-plane tests, never real data)
+and pilot.py (the engine half of ``regen estimate``: the drawn sample generated as the
+workers would, ``python -m worker.engine.pilot``).
+"""

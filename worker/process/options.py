@@ -1,0 +1,56 @@
+"""Every setting of a worker process and its default, declared once.
+
+``regen worker``'s options (producer/cli.py) and ``python -m worker.process.consumer``'s
+flags take their defaults from these fields. Light on purpose: the CLI imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.defaults import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_RECONCILE_S,
+    QUEUED_GRACE_S,
+)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    name: str
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    #: Batches this process holds (Celery threads; each batch claimed and leased).
+    #: 0 = auto: start from the engine's max_num_seqs (worker/engine/admission.py
+    #: ``batches_to_hold``) and hold more while the engine starves (worker/batches/holding.py).
+    concurrency: int = 0
+    model: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    #: A running batch whose heartbeat is older than this is presumed lost and may be
+    #: claimed again: 6 missed heartbeats, so a GC pause or a slow ledger is no crash,
+    #: while a dead node's batches are back in work within lease + reconcile_s (< 60 s).
+    lease_s: float = DEFAULT_LEASE_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    #: Failed attempts before a batch is declared dead (never retried in a loop).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: How often this worker offers to run the reconciler (one pass at a time cluster-wide).
+    reconcile_s: float = DEFAULT_RECONCILE_S
+    #: A queued batch whose message is neither waiting on its queue nor claimed this long
+    #: after it was published gets a new one from the reconciler (ledger/reconcile.py).
+    requeue_grace_s: float = QUEUED_GRACE_S
+
+    #: worker/engine/fake.py's spec (``tok_s=...,gpus=...``): a benchmark and test device that
+    #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
+    fake_engine: str | None = None
+
+    def held_batches(self, max_num_seqs: int) -> int:
+        """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
+        # Imported here: admission imports asyncio (~20 ms), and the CLI imports this module for
+        # its defaults on every command, `regen status` included.
+        from worker.engine.admission import batches_to_hold
+
+        return self.concurrency if self.concurrency > 0 else batches_to_hold(max_num_seqs)
+

@@ -1,0 +1,209 @@
+"""Process-wide state of one worker process (one per GPU group).
+
+Holds what every task thread shares: the ledger sessions, the object store, the
+engine (loaded once, reused), the batches in flight with their fencing tokens,
+the heartbeat thread that keeps their leases, and the shutdown flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+
+from ledger.db import make_engine, make_sessionmaker
+from ledger.errors import RegenError
+from ledger.model_path import resolve_model
+from ledger.objects import ObjectStore
+from ledger.settings import Settings
+from worker.batches.ledger_calls import heartbeat
+from worker.conversation.rendering import Renderer
+from worker.engine.admission import ASSUMED_BATCH_SIZE
+from worker.engine.host import EngineHost
+from worker.measure import ledger_timing
+from worker.process.options import WorkerOptions
+
+log = logging.getLogger(__name__)
+
+#: Ledger connections of one worker process: kept open, and at most this many more at a burst.
+DB_POOL_SIZE, DB_MAX_OVERFLOW = 2, 2
+
+
+class WrongModel(RegenError):
+    pass
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, options: WorkerOptions):
+        self.settings = settings
+        self.options = options
+        # Threads touch the ledger briefly (claim, commit: milliseconds); dozens of held batches
+        # share a few connections. DB_POOL_SIZE + DB_MAX_OVERFLOW per process is what a node
+        # and a farm are sized by (docs/deploy.md, "Connections"): 4 per GPU process.
+        self.db = make_engine(settings, pool_size=DB_POOL_SIZE, max_overflow=DB_MAX_OVERFLOW, pool_timeout=120)
+        self.sessions = make_sessionmaker(self.db)
+        self.store = ObjectStore.from_settings(settings)
+        self.shutting_down = threading.Event()
+        self._engine: EngineHost | None = None
+        self._renderer: Renderer | None = None
+        self._engine_lock = threading.Lock()
+        self._held: dict[int, int] = {}
+        self._held_peak = 0
+        self._lost: set[int] = set()
+        self._held_lock = threading.Lock()
+        self._hb_thread: threading.Thread | None = None
+        self._engine_death_seen = False
+        #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
+        self.batch_size = ASSUMED_BATCH_SIZE
+
+    # -- engine ---------------------------------------------------------------------------
+    def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
+        """The process's engine, loaded on first use. A process serves one model."""
+        model = resolve_model(model)
+        with self._engine_lock:
+            if self._engine is None and self.options.fake_engine:
+                from worker.engine.fake import FakeEngineHost, FakeEngineSpec, FakeRenderer
+
+                engine = FakeEngineHost(model, FakeEngineSpec.parse(self.options.fake_engine))
+                engine.start()
+                self._engine = engine
+                self._renderer = FakeRenderer(engine.max_model_len)  # type: ignore[assignment]
+            elif self._engine is None:
+                engine = EngineHost(model=model, engine_args=self.options.engine_args)
+                engine.start()
+                self._engine = engine
+                self._renderer = Renderer(engine.tokenizer, engine.max_model_len)
+            elif self._engine.model != model:
+                raise WrongModel(f"this worker serves {self._engine.model}, not {model}")
+            assert self._renderer is not None
+            return self._engine, self._renderer
+
+    @property
+    def engine(self) -> EngineHost | None:
+        return self._engine
+
+    # -- in-flight batches and their leases ---------------------------------------------------
+    def hold(self, batch_id: int, attempt: int) -> None:
+        with self._held_lock:
+            self._held[batch_id] = attempt
+            self._lost.discard(batch_id)
+            self._held_peak = max(self._held_peak, len(self._held))
+
+    def drop(self, batch_id: int) -> None:
+        with self._held_lock:
+            self._held.pop(batch_id, None)
+            self._lost.discard(batch_id)
+
+    def held_count(self) -> int:
+        with self._held_lock:
+            return len(self._held)
+
+    def take_held_peak(self) -> int:
+        """The most batches held at once since the last call (worker/batches/holding.py)."""
+        with self._held_lock:
+            peak, self._held_peak = max(self._held_peak, len(self._held)), len(self._held)
+            return peak
+
+    def held_floor(self, fallback: int) -> int:
+        """Batches that fill the admission gate (its level in batches), plus one committing and one being claimed."""
+        engine = self._engine
+        gate = engine.admission if engine is not None else None
+        if gate is None:
+            return fallback
+        return math.ceil(gate.level / max(1, self.batch_size)) + 2
+
+    def withdraw_unstarted(self, n: int) -> int:
+        """Withdraw up to ``n`` held batches none of whose conversations started; their tasks hand them back."""
+        engine = self._engine
+        if engine is None or n <= 0:
+            return 0
+
+        async def withdraw() -> int:
+            gate = engine.admission
+            return len(gate.withdraw_unstarted(n)) if gate is not None else 0
+
+        return engine.submit(withdraw()).result(timeout=30)
+
+    def sharing(self, floor_fallback: int):
+        """What worker/batches/holding.py needs to bound this process's holding by its queues' backlog."""
+        import redis as redis_lib
+
+        from worker.batches.backlog import HolderRegistry, make_probe
+        from worker.batches.holding import Sharing, stale_after_s
+        from worker.batches.ledger_calls import run_backlog
+
+        gpus = 1
+        if self.options.fake_engine:
+            from worker.engine.fake import FakeEngineSpec
+
+            gpus = FakeEngineSpec.parse(self.options.fake_engine).gpus
+        registry = HolderRegistry(redis_lib.Redis.from_url(self.settings.redis_url), name=self.options.name,
+                                  queues=self.options.queues, gpus=gpus,
+                                  stale_s=stale_after_s(self.options.heartbeat_s))
+        return Sharing(probe=make_probe(registry, lambda: run_backlog(self.sessions, self.options.queues)),
+                       held=self.held_count, floor=lambda: self.held_floor(floor_fallback),
+                       hand_back=self.withdraw_unstarted, gpus=gpus, period_s=self.options.heartbeat_s,
+                       leave=registry.leave)
+
+    def is_lost(self, batch_id: int) -> bool:
+        with self._held_lock:
+            return batch_id in self._lost
+
+    def start_heartbeats(self) -> None:
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="ledger-heartbeat", daemon=True)
+        self._hb_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.shutting_down.wait(self.options.heartbeat_s):
+            with self._held_lock:
+                held = dict(self._held)
+            try:
+                lost = heartbeat(self.sessions, held)
+            except Exception as e:  # noqa: BLE001 - a ledger outage must not kill the heartbeat thread
+                log.warning("heartbeat failed (%s); retrying in %ss", type(e).__name__, self.options.heartbeat_s)
+                continue
+            if lost:
+                log.warning("batches %s were taken over by a newer attempt; abandoning them", sorted(lost))
+                with self._held_lock:
+                    self._lost |= lost & set(self._held)
+
+    # -- reconciler ---------------------------------------------------------------------------
+    def start_reconciler(self, app) -> None:
+        def loop() -> None:
+            from ledger.reconcile import reconcile_once
+
+            while not self.shutting_down.wait(self.options.reconcile_s):
+                try:
+                    # The farm runs one pass per interval, however many workers offer one (a
+                    # little less than ours: the offers of one worker drift by its pass's length).
+                    ledger_timing.call(lambda r: "reconcile_offer" if r is None else "reconcile_pass",
+                                       reconcile_once, self.sessions, app, lease_s=self.options.lease_s,
+                                       max_attempts=self.options.max_attempts,
+                                       grace_s=self.options.requeue_grace_s, window=self.settings.queue_window,
+                                       min_interval_s=0.8 * self.options.reconcile_s, worker=self.options.name)
+                except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
+                    log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
+
+        threading.Thread(target=loop, name="reconciler", daemon=True).start()
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def begin_shutdown(self) -> None:
+        self.shutting_down.set()
+
+    def first_to_see_engine_death(self) -> bool:
+        with self._held_lock:
+            first, self._engine_death_seen = not self._engine_death_seen, True
+            return first
+
+    def request_exit(self, why: str) -> None:
+        """Ask Celery for a warm shutdown (in-flight batches are handed back); the launcher restarts us."""
+        log.error("worker exiting: %s", why)
+        self.shutting_down.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+        self.db.dispose()
