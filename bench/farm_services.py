@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ import psycopg
 import redis as redis_lib
 
 from bench.scratch import DEFAULT_ADMIN_DSN, Scratch, scratch_services
+from local.pgbouncer import running_pgbouncer
 from local.s3 import free_port
 from local.services import local_redis
 
@@ -87,24 +87,9 @@ logfile = {workdir}/pgbouncer.log
 pidfile = {workdir}/pgbouncer.pid
 """)
     argv = [binary, config] if os.geteuid() != 0 else [binary, "-u", "nobody", config]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"postgresql://{user}@127.0.0.1:{port}/{database}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                psycopg.connect(url, connect_timeout=2).close()
-                break
-            except psycopg.OperationalError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"pgbouncer did not start; see {workdir}/pgbouncer.log") from None
-                time.sleep(0.2)
+    with running_pgbouncer(argv, url, workdir, why=lambda: f"see {workdir}/pgbouncer.log"):
         yield url, f"postgresql://{user}@127.0.0.1:{port}/pgbouncer"
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @contextlib.contextmanager

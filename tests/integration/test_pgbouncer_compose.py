@@ -42,6 +42,7 @@ import pytest
 from ledger import migrate
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
+from local.pgbouncer import running_pgbouncer
 from producer.monitoring.metrics import STATEMENT_TIMEOUT_MS, collect, ledger_engine
 from tests.fixtures.pgbouncer import _binary, _free_port
 from tests.support.compose import ROOT, dummy_env, load_compose
@@ -98,32 +99,16 @@ def compose_bouncer(pg_server, tmp_path) -> Iterator[ComposeBouncer]:
     log_path = tmp_path / "pgbouncer.log"
     argv = ["sh", str(ENTRYPOINT), *(["-u", "nobody"] if os.geteuid() == 0 else [])]
     path = os.pathsep.join([os.path.dirname(binary), os.environ.get("PATH", "")])
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, env={"PATH": path, **env}, stdout=log, stderr=subprocess.STDOUT)
     url = f"postgresql://{user}:{password}@127.0.0.1:{listen}/{database}"
     try:
-        wait_for(lambda: _answers(url) or process.poll() is not None, timeout_s=15, what="pgbouncer to answer",
-                 interval_s=0.1, on_timeout=log_path.read_text)
-        assert process.poll() is None, f"pgbouncer exited {process.returncode}: {log_path.read_text()}"
-        yield ComposeBouncer(url=url, console=f"postgresql://{user}:{password}@127.0.0.1:{listen}/pgbouncer",
-                             database=database, pool_size=POOL, log_path=log_path)
+        with open(log_path, "wb") as log, \
+                running_pgbouncer(argv, url, workdir, env={"PATH": path, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout_s=15, why=log_path.read_text):
+            yield ComposeBouncer(url=url, console=f"postgresql://{user}:{password}@127.0.0.1:{listen}/pgbouncer",
+                                 database=database, pool_size=POOL, log_path=log_path)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
         with psycopg.connect(pg_server.admin_dsn, autocommit=True, connect_timeout=30) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-
-
-def _answers(url: str) -> bool:
-    try:
-        psycopg.connect(url, connect_timeout=2).close()
-        return True
-    except psycopg.OperationalError:
-        return False
 
 
 class Watch:
