@@ -24,4 +24,4 @@ test-fast: install
 	$(PY) -m pytest -q tests/unit
 
 lint: install
-	$(VENV)/bin/ruff check ledger producer worker tests scripts bench
+	$(VENV)/bin/ruff check ledger targets local producer worker tests scripts bench

@@ -22,6 +22,8 @@ RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml
 
 COPY README.md ./
 COPY ledger ./ledger
+COPY targets ./targets
+COPY local ./local
 COPY producer ./producer
 COPY worker ./worker
 COPY migrations ./migrations

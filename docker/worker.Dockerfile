@@ -36,6 +36,8 @@ RUN python3 -m pip list --format=freeze | grep -viE '^(pip|setuptools|wheel)==' 
 
 COPY README.md ./
 COPY ledger ./ledger
+COPY targets ./targets
+COPY local ./local
 COPY producer ./producer
 COPY worker ./worker
 COPY migrations ./migrations
@@ -86,6 +88,8 @@ RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["p
 
 COPY README.md ./
 COPY ledger ./ledger
+COPY targets ./targets
+COPY local ./local
 COPY producer ./producer
 COPY worker ./worker
 COPY migrations ./migrations

@@ -423,6 +423,17 @@ def test_dockerfiles_copy_files_that_exist_and_reach_the_build_context(dockerfil
 
 @pytest.mark.parametrize("dockerfile, stage", [(PRODUCER_DOCKERFILE, "0"), (WORKER_DOCKERFILE, "gpu"),
                                                (WORKER_DOCKERFILE, "cpu")])
+def test_the_images_copy_every_top_level_package_regen_installs(dockerfile, stage):
+    """A package added at the top (targets/, local/) must reach the images, or their install breaks."""
+    listed = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M).group(1)
+    tops = {name.split(".")[0] for name in re.findall(r'"([\w.]+)"', listed)}
+    copied = {args.split()[0] for instr, args in dockerfile_stages(dockerfile)[stage]
+              if instr == "COPY" and "--from" not in args}
+    assert tops - copied == set()
+
+
+@pytest.mark.parametrize("dockerfile, stage", [(PRODUCER_DOCKERFILE, "0"), (WORKER_DOCKERFILE, "gpu"),
+                                               (WORKER_DOCKERFILE, "cpu")])
 def test_every_image_runs_regen(dockerfile, stage):
     assert stage_value(dockerfile_stages(dockerfile)[stage], "ENTRYPOINT") == ["regen"]
 
