@@ -13,7 +13,14 @@ engines do not share an H200 without shrinking each one's KV cache):
 (b) the whole system: ``regen submit`` -> Redis -> ``regen worker --gpus all`` with its
     default admission -> S3 (moto) -> Postgres ledger; tokens and the claim-to-commit
     window from the ledger;
-(c) the one-batch-at-a-time worker (``--concurrency 1``).
+(c) the one-batch-at-a-time worker (``--concurrency 1``);
+(a2) bare ``LLM.generate`` again, with ``max_num_seqs`` at the level regen's gate picks for
+    (a)'s KV cache and this workload (worker/engine/sizing.py): how much of (b)'s gain over (a)
+    is the settings and how much the system (issue 31). ``--skip a2`` leaves it out.
+
+At the end, per phase: the memory-bandwidth bound (bench/gpu/bound.py) at what the KV cache
+holds of this workload and, with ``--engine-stats``, at the phase's measured concurrency, the
+phase's share of it, and the seed's 1.37 B output tokens in H200-hours at its rate.
 
 With ``--two-gpus``: (b2) ``regen worker --gpus all`` on two GPUs (two processes,
 ``gpu0@``/``gpu1@``), GPU utilisation sampled, and one worker process SIGKILLed a
@@ -57,6 +64,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.gpu.bound import Shape, bound_line, seed_hours_line
 from bench.lengths import distribution_lines
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
@@ -65,6 +73,7 @@ from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.objects import ObjectStore
 from local.services import local_postgres, local_redis
 from worker.engine.args import format_engine_args
+from worker.engine.sizing import LengthMoments, fitting_level
 from worker.engine.stats import STATS_ENV
 
 #: What each phase generated and what vLLM's scheduler did in it, for the side-by-side lines at the end.
@@ -323,32 +332,76 @@ def _spy(args, label: str, pids: Callable[[], dict[str, int]]) -> PySpy | None:
     return PySpy(label, pids, at=args.py_spy_at, seconds=args.py_spy, out=out).start()
 
 
-def bare_phase(args, model: str, settings: dict, rows: list[dict], config) -> tuple[str, str, int, float, str]:
-    print("(a) bare LLM.generate: loading", flush=True)
+def bare_phase(args, model: str, settings: dict, rows: list[dict], config,
+               label: str = "a") -> tuple[str, str, int, float, str]:
+    what = BARE_WHAT[label]
+    print(f"({label}) {what}: loading", flush=True)
     t0 = time.perf_counter()
     bare = BareEngine(model, settings)
     prompts, params = bare.requests(rows, config.as_record())
     bare.run("warm-up", prompts[:64], params[:64])
     sched = bare.llm.llm_engine.vllm_config.scheduler_config
+    cache = bare.llm.llm_engine.vllm_config.cache_config
+    kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
     print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs {sched.max_num_seqs}, "
-          f"batched tokens {sched.max_num_batched_tokens}", flush=True)
+          f"batched tokens {sched.max_num_batched_tokens}, KV cache {kv_tokens:,} tokens", flush=True)
     cpu0 = sum(psutil.Process().cpu_times()[:2])
     spy = _spy(args, "a", lambda: {"frontend": os.getpid(),
                                    **{f"enginecore{i}": p.pid for i, p in enumerate(_engine_cores(psutil.Process()))}})
     with GpuSampler() as gpu:
-        m = bare.run("a", prompts, params)
+        m = bare.run(label, prompts, params)
     cpu = sum(psutil.Process().cpu_times()[:2]) - cpu0
     bare.shutdown()
-    notes = (f"frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; {gpu.summary()}; "
-             f"{steady_note(m.steady_tok_s, m.profile)}" + (f"; {spy.join()}" if spy else ""))
-    DETAILS["a"] = {"lengths": m.lengths, "cut": m.cut, "scheduler": m.scheduler}
-    print(f"    (a) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
-    return "a", "bare LLM.generate, all requests at once", m.tokens, m.seconds, notes
+    notes = (f"max_num_seqs {sched.max_num_seqs}; frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; "
+             f"{gpu.summary()}; {steady_note(m.steady_tok_s, m.profile)}" + (f"; {spy.join()}" if spy else ""))
+    DETAILS[label] = {"lengths": m.lengths, "cut": m.cut, "scheduler": m.scheduler, "kv_tokens": kv_tokens,
+                      "moments": LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts),
+                                                  (sp.max_tokens for sp in params)),
+                      "tok_s": m.tok_s, "steady": m.steady_tok_s}
+    print(f"    ({label}) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
+    return label, what, m.tokens, m.seconds, notes
+
+
+#: The bare phases: vLLM's defaults, and the same engine with the concurrency regen's sizing picks.
+BARE_WHAT = {"a": "bare LLM.generate, all requests at once, vLLM's defaults",
+             "a2": "bare LLM.generate, all requests at once, max_num_seqs as regen's sizing picks"}
+
+
+def chosen_max_num_seqs(settings: dict, kv_tokens: int, moments: LengthMoments, default: int) -> int:
+    """(a2)'s max_num_seqs: what regen's gate runs the engine at (worker/engine/sizing.py), from the KV
+    cache a phase before found and the workload's prompts and budgets (every answer to its budget
+    under --ignore-eos, so the budgets are the lengths), as the worker's first level is."""
+    return fitting_level(kv_tokens, moments.footprint(), default_level=int(settings.get("max_num_seqs", default)))
+
+
+def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:
+    """Per phase: the bandwidth bound at its measured concurrency (--engine-stats), and at what the cache holds."""
+    shape = Shape.from_config(model)
+    ref = next((details[k] for k in ("a", "a2") if k in details and details[k].get("kv_tokens")), None)
+    lines = ["", f"the bandwidth bound (bench/gpu/bound.py): {shape.params / 1e9:.1f} B parameters, "
+                 f"{shape.weight_bytes / 1e9:.1f} GB of weights and {shape.kv_bytes_per_token / 1024:.0f} KiB of KV "
+                 "a token read per decode step"]
+    if ref is not None:
+        kv, moments = ref["kv_tokens"], ref["moments"]
+        fits = kv / moments.footprint()
+        lines.append(f"workload: a request in the engine holds ~{moments.footprint():,.0f} tokens of cache "
+                     f"(length-biased); the {kv:,}-token cache holds ~{fits:.0f} of them:")
+        for label, tok_s in rates.items():
+            lines.append(f"({label}) at the cache's capacity: {bound_line(shape, fits, kv, tok_s)}")
+    for label, tok_s in rates.items():
+        sched = details.get(label, {}).get("scheduler")
+        if sched is not None and getattr(sched, "steps", 0) and ref is not None:
+            running, used = sched.running / sched.steps, sched.kv / sched.steps
+            lines.append(f"({label}) at its measured concurrency: "
+                         f"{bound_line(shape, running, used * ref['kv_tokens'], tok_s)}")
+    for label, tok_s in rates.items():
+        lines.append(f"({label}) {seed_hours_line(tok_s)}")
+    return lines
 
 
 def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: dict, label: str, k: int, tp: int,
                  processes: int) -> tuple[str, str, int, float, str]:
-    what = {"b": "whole system, regen worker, default admission",
+    what = {"b": "whole system, regen worker, regen's defaults",
             "c": "one batch at a time, --concurrency 1" + (
                 f", the first {len(rows):,} requests" if label == "c" and len(rows) < args.prompts else ""),
             "b2": "whole system on 2 GPUs (gpu0@, gpu1@), one SIGKILLed mid-run",
@@ -496,14 +549,26 @@ def main(argv: list[str] | None = None) -> int:
                     compare_phase(scratch, label)
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
                 print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
-        if not args.two_gpus and "a" not in skip:
+        if not args.two_gpus and "a2" not in skip and "a" not in skip:
+            # The KV cache of an engine with vLLM's defaults, found by loading one: (a)'s own, loaded
+            # first. Then (a2) with the max_num_seqs regen's gate would run that cache at.
+            results.append(bare_phase(args, args.model, settings, rows, config))
+            a = DETAILS["a"]
+            n = chosen_max_num_seqs(settings, a["kv_tokens"], a["moments"], default=1024)
+            print(f"(a2) max_num_seqs {n}: {a['kv_tokens']:,} tokens of KV cache over ~{a['moments'].footprint():,.0f} "
+                  "a request (worker/engine/sizing.py)", flush=True)
+            results.append(bare_phase(args, args.model, {**settings, "max_num_seqs": n}, rows, config, label="a2"))
+        elif not args.two_gpus and "a" not in skip:
             results.append(bare_phase(args, args.model, settings, rows, config))
     bare_tok_s = next((tokens / seconds for label, _, tokens, seconds, _ in results if label == "a"), None)
     table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
-    for label, what, tokens, seconds, notes in sorted(results, key=lambda r: r[0] != "a"):
+    for label, what, tokens, seconds, notes in sorted(results, key=lambda r: (r[0] != "a", r[0] != "a2")):
         table.append(line(label, what, tokens, seconds, None if label == "a" else bare_tok_s, notes))
     print("\n".join(table))
     print("\n".join(side_by_side([r["max_tokens"] for r in rows], DETAILS)))
+    if not on_cpu:
+        print("\n".join(bound_lines(args.model, DETAILS, {label: tokens / seconds for label, _, tokens, seconds, _
+                                                           in results if seconds})))
     print(f"\nwall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 

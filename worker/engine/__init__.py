@@ -4,6 +4,7 @@ In the order a conversation passes through::
 
     admission.py   the gate: which held batch's conversations enter the engine, oldest first
       kv_level.py  the level a KV-cache-limited engine runs without preempting (REGEN_KV_ADMISSION)
+      sizing.py    how many requests a KV cache holds at a workload's lengths (the arithmetic)
     host.py        EngineHost: vLLM's AsyncLLM on its own event loop (loop.py), shared by all batches
       args.py      ``--engine-arg k=v`` pairs to vLLM's engine arguments
     occupancy.py   how full the engine was, sampled (read by worker/batches/holding.py)

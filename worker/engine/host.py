@@ -25,7 +25,7 @@ from typing import Any
 from ledger.errors import RegenError
 from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
-from worker.engine.kv_level import KvLevel, kv_admission_wanted
+from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.loop import LoopHost
 from worker.engine.occupancy import REPORT_S, OccupancySampler
 from worker.engine.stats import SchedulerRecorder, attach, stats_wanted
@@ -126,8 +126,8 @@ class EngineHost(LoopHost):
         # up to 1.9 s (worker/engine/occupancy.py's lag). vLLM freezes its own processes the same way.
         gc.collect()
         gc.freeze()
-        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d, admitting %d conversations at once)",
-                 self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.admission.level)
+        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d); settings chosen: %s",
+                 self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.settings_note())
 
     async def _build(self) -> None:
         import vllm
@@ -172,6 +172,8 @@ class EngineHost(LoopHost):
 
         params = SamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY)
         request_id = f"r{os.getpid()}-{next(self._ids)}"
+        budget = int(sampling.get("max_tokens") or max(1, self.max_model_len - len(prompt_token_ids)))
+        self._asked(len(prompt_token_ids), budget)
         final = None
         try:
             async for out in self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, request_id):
@@ -183,7 +185,7 @@ class EngineHost(LoopHost):
         completion = final.outputs[0]
         if self.occupancy is not None:
             self.occupancy.ended(len(completion.token_ids))
-        self._ended(len(final.prompt_token_ids or prompt_token_ids), len(completion.token_ids))
+        self._ended(len(final.prompt_token_ids or prompt_token_ids), len(completion.token_ids), budget)
         return Generation(
             prompt_token_ids=list(final.prompt_token_ids or prompt_token_ids),
             token_ids=list(completion.token_ids),
@@ -191,22 +193,41 @@ class EngineHost(LoopHost):
             stop_reason=completion.stop_reason,
         )
 
-    def _ended(self, prompt_tokens: int, output_tokens: int) -> None:
+    def _asked(self, prompt_tokens: int, budget: int) -> None:
+        """Learn from a request entering the engine; move the gate's level where the KV cache holds it."""
+        if self.kv_level is None or self.admission is None:
+            return
+        self.kv_level.asked(prompt_tokens, budget)
+        self._follow_level()
+
+    def _ended(self, prompt_tokens: int, output_tokens: int, budget: int | None = None) -> None:
         """Learn from an ended generation; move the gate's level where the KV cache holds it."""
         if self.kv_level is None or self.admission is None:
             return
-        self.kv_level.ended(prompt_tokens, output_tokens)
+        self.kv_level.ended(prompt_tokens, output_tokens, budget)
+        self._follow_level()
+
+    def _follow_level(self) -> None:
+        assert self.kv_level is not None and self.admission is not None
         level = self.kv_level.level()
         if level != self.admission.level:
             # Logged when it has moved by a tenth: the estimate drifts by one or two each generation.
             if abs(level - self._logged_level) * 10 >= self._logged_level:
-                log.info("admission level %d -> %d: the KV cache (%d tokens) holds ~%.0f tokens a request",
-                         self._logged_level, level, self.kv_level.kv_tokens, self.kv_level.footprint() or 0)
+                log.info("admission level %d -> %d: %s", self._logged_level, level, self.kv_level.describe())
                 self._logged_level = level
             self.admission.set_level(level)
             if self.occupancy is not None:
                 # Fewer than max_num_seqs in the engine is not "short" when the cache cannot hold more.
                 self.occupancy.max_num_seqs = min(self.max_num_seqs, level)
+
+    def settings_note(self) -> str:
+        """What regen chose for this engine beyond vLLM's defaults, for the worker's log and the run's record."""
+        level = self.admission.level if self.admission else 0
+        if self.kv_level is None:
+            return f"admitting {level} conversations at once (1.5 x max_num_seqs; {KV_ADMISSION_ENV}=1 sizes it to the KV cache)"
+        return (f"admitting up to {level} conversations at once, sized to {self.kv_level.fill:.0%} of the KV cache "
+                f"({self.kv_level.kv_tokens:,} tokens) over the requests' budgets, then their answers "
+                "(worker/engine/kv_level.py)")
 
     @property
     def alive(self) -> bool:

@@ -1,91 +1,126 @@
-"""The admission level a KV-cache-limited engine can run without preempting, learned from its answers.
+"""The admission level a KV-cache-limited engine runs without preempting: from the requests and their answers.
 
-Issue 21: with long answers the KV cache, not ``max_num_seqs``, limits the engine. The
-gate's fixed level (1.5 x max_num_seqs) puts up to max_num_seqs sequences into the engine at
-once; vLLM admits a waiting request whenever its *prompt* fits, so they all grow until the
-cache is full, then it preempts and recomputes them, and runs more sequences than its CUDA
-graphs cover, in eager mode. The H200 diagnosis and its figures are in docs/performance.md
-and docs/results/h200-gpu-long-diag-2026-12-02.txt. Bare ``LLM.generate`` does the same,
-with every request in its queue; the gate is where regen can do better.
+Issue 21 found, and issue 31 measured on a 32B shape: with long answers the KV cache, not
+``max_num_seqs``, limits the engine. vLLM starts a waiting request whenever its *prompt*
+fits, so with 1,024 sequences allowed it starts far more than the cache can grow, then
+preempts and recomputes them. The gate (worker/engine/admission.py) decides how many
+conversations are in the engine at all; this module says how many the cache holds, and
+worker/engine/sizing.py turns that into a level (``FILL`` of the cache, never above the
+default level, so short answers change nothing).
 
-What a conversation in the engine costs the cache over its life is its prompt plus, on
-average over the time it runs, half its answer; longer answers run longer, so the average
-over the requests in the engine at a moment is ``E[prompt] + E[L^2] / (2 E[L])`` (a
-length-biased mean: 1.36 x the mean answer for lognormal lengths of sigma 1). The cache
-holds ``kv_tokens`` over that many requests; the level is that times ``KV_HEADROOM`` (so
-vLLM always has a few waiting to start the moment one ends), never above the default level
-(short answers: the cache is not the limit, nothing changes) and never under ``FLOOR``.
+What a request holds of the cache, averaged over the requests in the engine at a moment, is
+``E[prompt] + E[L^2] / (2 E[L])`` (length-biased: long answers run long). Two things are
+known of ``L``:
 
-The lengths are learned from the generations that ended, with a decay (``HALF_LIFE``
-generations) so a run whose answers change is followed. Until ``MIN_SAMPLES`` have ended
-the default level holds: nothing is known before the first answers, and answers that end
-first are the short ones, so an early estimate errs high (toward the default), never low.
+- **its budget** ``B``, the moment the request enters the engine (``asked``): the run's
+  ``max_tokens``, or the sample's own, or what ``max_model_len`` leaves; an answer never
+  exceeds it. With no answer ended yet, the lengths are taken to be the budgets: the level
+  errs low (no preemption), never high, and when every answer runs to its budget (a
+  benchmark with ``ignore_eos``, or thinking traces cut at the cap) it is exact at once.
+- **the share of its budget an answer used** ``r = L / B``, once ``MIN_SAMPLES`` have ended.
+  Then ``E[L^2] / 2E[L] = E[B^2] E[r^2] / (2 E[B] E[r])`` (r taken independent of B). The
+  share, not the length, is learned because the first answers to end are the short ones:
+  their lengths would say the cache holds far more than it does, while a run whose answers
+  all hit their budget reads ``r = 1`` from its very first answer.
+
+Both are decayed (``HALF_LIFE`` requests), so a run whose prompts or answers change is followed.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
-#: ``REGEN_KV_ADMISSION=1`` turns the learned level on. Off by default: its one H200 run
-#: (docs/performance.md, issue 21; figures in docs/results/) cut vLLM's preemptions but did
-#: not beat the fixed level; until an A/B on the GPU shows a gain it stays a switch for that
-#: A/B, like REGEN_ENGINE_STATS.
+from worker.engine.sizing import FILL, fitting_level
+
+#: ``REGEN_KV_ADMISSION=1`` turns the sizing on. Off by default: on the H200 (issue 31,
+#: docs/results/h200-gpu-sweep-2026-12-02.txt) a 32B engine capped at what its cache holds ran
+#: 8-11% slower than vLLM 0.26's defaults on a burst too small to fill the cache, and the
+#: steady state, where the cache is the limit, is not measured yet. Until an A/B there shows
+#: a gain it stays a switch for that A/B, like REGEN_ENGINE_STATS.
 KV_ADMISSION_ENV = "REGEN_KV_ADMISSION"
 
 
 def kv_admission_wanted() -> bool:
-    """Whether the engine host should follow the learned level (``REGEN_KV_ADMISSION=1``)."""
-    return os.environ.get(KV_ADMISSION_ENV, "").strip() not in ("", "0", "false", "no")
+    """Whether the engine host sizes its level from the KV cache (``REGEN_KV_ADMISSION=1``)."""
+    return os.environ.get(KV_ADMISSION_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
-#: The level over what the cache holds: vLLM's own waiting queue, a few requests deep, so a
-#: slot freed by an ending request is filled at the next step, not after the worker's loop
-#: has handed over the next conversation (milliseconds, but a step is ~10-40 ms).
-KV_HEADROOM = 1.1
-#: The fewest conversations the gate ever lets into the engine on this estimate.
-FLOOR = 16
-#: Generations to wait for before the estimate replaces the default level.
+
+#: Requests to see enter the engine before the budgets are trusted to describe the run.
+MIN_ASKED = 16
+#: Answers to see end before their share of the budget replaces "all of it".
 MIN_SAMPLES = 64
-#: Generations over which an old one's weight halves: a few admission levels' worth.
+#: Requests over which an old one's weight halves: a few admission levels' worth.
 HALF_LIFE = 2048.0
 
 
-class KvLevel:
-    """Learns the answers' lengths and says how many conversations the engine's KV cache holds."""
+class _Decayed:
+    """Exponentially decayed sums of a few quantities."""
 
-    def __init__(self, *, default_level: int, kv_tokens: int):
+    def __init__(self, n: int):
+        self._decay = 0.5 ** (1.0 / HALF_LIFE)
+        self.count = 0
+        self.weight = 0.0
+        self.sums = [0.0] * n
+
+    def add(self, *values: float) -> None:
+        d = self._decay
+        self.count += 1
+        self.weight = self.weight * d + 1.0
+        self.sums = [s * d + v for s, v in zip(self.sums, values, strict=True)]
+
+    def mean(self, i: int) -> float:
+        return self.sums[i] / self.weight if self.weight > 0 else 0.0
+
+
+class KvLevel:
+    """Learns the requests' budgets and the answers' share of them; says how many requests the cache holds."""
+
+    def __init__(self, *, default_level: int, kv_tokens: int, fill: float = FILL):
         if default_level < 1:
             raise ValueError(f"default level must be at least 1, got {default_level}")
         self.default_level = default_level
         self.kv_tokens = max(0, int(kv_tokens))
-        self._decay = 0.5 ** (1.0 / HALF_LIFE)
-        self._n = 0
-        self._w = 0.0      # decayed count
-        self._prompt = 0.0  # decayed sums
-        self._out = 0.0
-        self._out2 = 0.0
+        self.fill = fill
+        self._asked = _Decayed(3)  # prompt, budget, budget^2
+        self._used = _Decayed(2)   # r, r^2
 
-    def ended(self, prompt_tokens: int, output_tokens: int) -> None:
-        """One generation ended: its prompt and its answer, in tokens."""
-        d = self._decay
-        self._n += 1
-        self._w = self._w * d + 1.0
-        self._prompt = self._prompt * d + prompt_tokens
-        self._out = self._out * d + output_tokens
-        self._out2 = self._out2 * d + float(output_tokens) * output_tokens
+    def asked(self, prompt_tokens: int, budget: int) -> None:
+        """A request entered the engine: its prompt and its output budget, in tokens."""
+        b = max(1, int(budget))
+        self._asked.add(prompt_tokens, b, float(b) * b)
+
+    def ended(self, prompt_tokens: int, output_tokens: int, budget: int | None = None) -> None:
+        """A request ended: its answer's length against its budget (None: the answer is taken as its budget)."""
+        r = 1.0 if not budget else min(1.0, output_tokens / max(1, int(budget)))
+        self._used.add(r, r * r)
+
+    def share_of_budget(self) -> tuple[float, float]:
+        """``(E[r], E[r^2])`` of the answers' share of their budgets; (1, 1) until ``MIN_SAMPLES`` ended."""
+        if self._used.count < MIN_SAMPLES:
+            return 1.0, 1.0
+        return max(1e-6, self._used.mean(0)), max(1e-12, self._used.mean(1))
 
     def footprint(self) -> float | None:
-        """Tokens of cache an average request in the engine holds; None before ``MIN_SAMPLES``."""
-        if self._n < MIN_SAMPLES or self._w <= 0:
+        """Tokens of cache an average request in the engine holds; None before ``MIN_ASKED`` requests."""
+        if self._asked.count < MIN_ASKED:
             return None
-        prompt = self._prompt / self._w
-        held = self._out2 / (2.0 * self._out) if self._out > 0 else 0.0
+        prompt, budget, budget_sq = (self._asked.mean(i) for i in range(3))
+        r, r_sq = self.share_of_budget()
+        held = budget_sq * r_sq / (2.0 * budget * r) if budget > 0 else 0.0
         return max(1.0, prompt + held)
 
     def level(self) -> int:
         """Conversations to let into the engine at once."""
         foot = self.footprint()
-        if foot is None or self.kv_tokens <= 0:
+        if foot is None:
             return self.default_level
-        fits = math.ceil(self.kv_tokens / foot * KV_HEADROOM)
-        return max(min(FLOOR, self.default_level), min(self.default_level, fits))
+        return fitting_level(self.kv_tokens, foot, default_level=self.default_level, fill=self.fill)
+
+    def describe(self) -> str:
+        """What the level rests on, for the worker's log and the run's provenance."""
+        foot = self.footprint()
+        r, _ = self.share_of_budget()
+        if foot is None:
+            return f"KV cache {self.kv_tokens:,} tokens; level {self.default_level} until {MIN_ASKED} requests are seen"
+        return (f"KV cache {self.kv_tokens:,} tokens at {self.fill:.0%} / ~{foot:,.0f} tokens a request "
+                f"(answers use {r:.0%} of their budgets) = level {self.level()}")

@@ -1,0 +1,214 @@
+"""Scheduler settings tried on one engine, loaded once: which concurrency a KV-limited engine runs best at.
+
+    . bench/gpu/unpack.sh && python3 -m bench.gpu.sweep --model .gpu-carry/q32b --prompts 384 \\
+        --mean-tokens 1500 --max-tokens 8192 --ignore-eos --try default --try fill=1.0 --try fill=0.9
+
+Issue 31 asks regen to choose its engine settings from the workload, and to choose what
+measurements show best. A 32B-shaped engine takes 150-280 s to load on an H200 and the
+device time of a session is 30-45 minutes, so building one engine per candidate is not
+affordable. Here bare ``LLM.generate`` runs the same requests several times on ONE engine,
+built in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and between runs the settings
+that vLLM's scheduler reads at every step are changed on its live objects:
+
+- ``cap=N``: the scheduler's running cap (``max_num_running_reqs``, what ``max_num_seqs`` sets);
+- ``fill=F``: the cap regen's sizing picks (worker/engine/sizing.py) for F of the KV cache,
+  from the workload's prompt and budget lengths;
+- ``watermark=W``: the share of KV blocks kept free when admitting (``watermark`` engine arg);
+- ``default``: vLLM's defaults as built.
+
+The prefix cache is reset between runs (the same prompts would otherwise prefill for free).
+Each run prints its rate, its middle-60% rate, its ratio to the first run, vLLM's
+preemptions, the mean running count and KV-cache use over its steps, and the bandwidth bound
+at that concurrency (bench/gpu/bound.py). One process, minutes apart: the ratio compares
+settings, not machines. What this cannot show is the whole system (the worker's admission);
+bench.gpu.throughput does, with the settings chosen here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+#: Before vLLM is imported: the engine core in this process, so its scheduler can be reached.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@dataclass
+class Trial:
+    label: str
+    cap: int
+    watermark: float
+    tokens: int = 0
+    seconds: float = 0.0
+    steady: float | None = None
+    preemptions: int = 0
+    #: (value, seconds the step took) of each step.
+    running: list[tuple[int, float]] = field(default_factory=list)
+    usage: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _time_mean(samples: list[tuple[float, float]]) -> float:
+    total = sum(dt for _, dt in samples)
+    return sum(v * dt for v, dt in samples) / total if total > 0 else 0.0
+
+
+def peak_live_tokens(prompt_lens: list[int], budgets: list[int]) -> tuple[int, int]:
+    """(tokens, at) the cache would hold at most if every request started at once and ran to its budget.
+
+    At ``t`` generated tokens, the requests with a budget above ``t`` each hold their prompt plus ``t``.
+    Below the cache's size the burst never fills it, and no cap or watermark has anything to act on
+    (the mistake of this sweep's first H200 run, docs/results/h200-gpu-sweep-2026-12-02.txt).
+    """
+    mean_prompt = sum(prompt_lens) / max(1, len(prompt_lens))
+    best = (0, 0)
+    for t in range(0, max(budgets, default=0) + 1, 25):
+        best = max(best, (int(sum(1 for b in budgets if b > t) * (mean_prompt + t)), t))
+    return best
+
+
+def parse_try(spec: str, *, kv_tokens: int, footprint: float, default_cap: int) -> tuple[str, int, float]:
+    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W``, comma-joined: (label, cap, watermark)."""
+    from worker.engine.sizing import fitting_level
+
+    cap, watermark = default_cap, 0.0
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        if key == "default":
+            continue
+        if key == "cap":
+            cap = int(value)
+        elif key == "fill":
+            cap = fitting_level(kv_tokens, footprint, default_level=default_cap, fill=float(value))
+        elif key == "watermark":
+            watermark = float(value)
+        else:
+            raise SystemExit(f"--try {spec!r}: unknown setting {key!r} (default, cap=N, fill=F, watermark=W)")
+    return spec, cap, watermark
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", type=int, default=384)
+    p.add_argument("--mean-tokens", type=float, default=1500.0)
+    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--try", dest="tries", action="append", default=[], help="settings of one run (repeatable)")
+    p.add_argument("--engine-arg", action="append", default=[])
+    p.add_argument("--cpu", action="store_true", help="a smoke run on vLLM's CPU build (the tiny model)")
+    args = p.parse_args(argv)
+    tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
+
+    from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.prompts import throughput_rows
+    from bench.system_run import steady_tok_s
+    from bench.throughput import BareEngine, engine_args, run_config
+    from worker.engine.args import parse_engine_args
+    from worker.engine.sizing import LengthMoments
+
+    extra = {"max_model_len": 8192, **({} if args.cpu else {"load_format": "dummy"}),
+             **parse_engine_args(args.engine_arg)}
+    settings = engine_args(extra, on_cpu=args.cpu)
+    rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
+    config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
+    t0 = time.perf_counter()
+    bare = BareEngine(args.model, settings)
+    prompts, params = bare.requests(rows, config.as_record())
+    bare.run("warm-up", prompts[:32], params[:32])
+    engine = bare.llm.llm_engine
+    core = engine.engine_core.engine_core  # InprocClient -> EngineCore
+    scheduler = core.scheduler
+    kv = scheduler.kv_cache_manager
+    cache = engine.vllm_config.cache_config
+    kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+    moments = LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts), (sp.max_tokens for sp in params))
+    default_cap = scheduler.max_num_running_reqs
+    shape = Shape.from_config(args.model)
+    print(f"loaded in {time.perf_counter() - t0:.0f} s; KV cache {kv_tokens:,} tokens ({cache.num_gpu_blocks:,} blocks "
+          f"of {cache.block_size}); max_num_seqs {default_cap}; batched tokens "
+          f"{engine.vllm_config.scheduler_config.max_num_batched_tokens}; cudagraph sizes up to "
+          f"{max(getattr(engine.vllm_config.compilation_config, 'cudagraph_capture_sizes', None) or [0])}", flush=True)
+    print(f"workload: {len(rows):,} prompts, prompt mean {moments.prompt_mean:.0f}, budgets mean "
+          f"{moments.out_mean:.0f} (max {max(sp.max_tokens for sp in params)}), ignore_eos "
+          f"{'on' if args.ignore_eos else 'off'}; a request in the engine holds ~{moments.footprint():,.0f} tokens "
+          f"of cache (length-biased): the cache holds ~{kv_tokens / moments.footprint():.0f} of them", flush=True)
+
+    peak, at = peak_live_tokens([len(x["prompt_token_ids"]) for x in prompts], [sp.max_tokens for sp in params])
+    print(f"started at once, these requests would hold at most {peak:,} tokens (at {at:,} generated): "
+          + (f"{peak / kv_tokens:.1f}x the cache: it fills, the KV-limited regime" if peak > kv_tokens else
+             "LESS than the cache: it never fills, so no cap or watermark has anything to act on; use more "
+             "--prompts or a smaller cache (--engine-arg gpu_memory_utilization=...)"), flush=True)
+    trials: list[Trial] = []
+    original_preempt = scheduler._preempt_request
+    step = engine.step
+    for spec in tries:
+        label, cap, watermark = parse_try(spec, kv_tokens=kv_tokens, footprint=moments.footprint(),
+                                          default_cap=default_cap)
+        trial = Trial(label, cap, watermark)
+        scheduler.max_num_running_reqs = cap
+        if hasattr(scheduler, "max_num_active_reqs"):  # 0.32: admission reads this one (0.26: the cap above)
+            scheduler.max_num_active_reqs = cap
+        kv.watermark_blocks = int(watermark * kv.block_pool.num_gpu_blocks)
+        bare.llm.reset_prefix_cache()
+
+        def counting_preempt(request, timestamp, _t=trial):
+            _t.preemptions += 1
+            return original_preempt(request, timestamp)
+
+        finished: list[tuple[float, int]] = []
+
+        def timed_step(_t=trial, _f=finished):
+            before = time.perf_counter()
+            running, usage = len(scheduler.running), kv.usage
+            outputs = step()
+            now = time.time()
+            # Weighted by the step's time: the drain has many short steps, and a mean over steps is its.
+            _t.running.append((running, time.perf_counter() - before))
+            _t.usage.append((usage, time.perf_counter() - before))
+            _f.extend((now, len(o.outputs[0].token_ids)) for o in outputs if getattr(o, "finished", False))
+            return outputs
+
+        scheduler._preempt_request = counting_preempt
+        engine.step = timed_step
+        print(f"[{label}] cap {cap}, watermark {watermark}: running", flush=True)
+        start, wall0 = time.perf_counter(), time.time()
+        try:
+            outputs = bare.llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            del engine.step
+            scheduler._preempt_request = original_preempt
+        trial.seconds = time.perf_counter() - start
+        trial.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        trial.steady = steady_tok_s(finished, wall0, wall0 + trial.seconds)
+        trials.append(trial)
+        print(f"[{label}] {trial.tokens:,} tokens in {trial.seconds:.1f} s = {trial.tok_s:,.0f} tok/s; "
+              f"{trial.preemptions:,} preemptions", flush=True)
+
+    first = trials[0].tok_s if trials else 0.0
+    print("\n| try | cap | watermark | tok/s | / first | steady (20-80%) | preemptions | running (mean) | "
+          "KV used (mean) | bound at that concurrency |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for t in trials:
+        running, used = _time_mean(t.running), _time_mean(t.usage)
+        steady = f"{t.steady:,.0f}" if t.steady else "-"
+        print(f"| {t.label} | {t.cap} | {t.watermark} | {t.tok_s:,.0f} | {t.tok_s / first:.3f} | {steady} | "
+              f"{t.preemptions:,} | {running:.0f} | {used:.0%} | "
+              f"{bound_line(shape, running, used * kv_tokens, t.steady or t.tok_s)} |")
+    best = max(trials, key=lambda t: t.tok_s) if trials else None
+    if best is not None:
+        print(f"\nbest: {best.label} ({best.tok_s:,.0f} tok/s); {seed_hours_line(best.tok_s)}; "
+              f"first: {seed_hours_line(first)}")
+    print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    bare.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
