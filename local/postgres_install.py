@@ -67,7 +67,10 @@ class PostgresInstall:
         """``path`` made (if missing) for the server alone: mode 0700, owned by the server's user."""
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.user is not None:
-            shutil.chown(path, user=self.user, group=self.user)
+            import pwd
+
+            entry = pwd.getpwnam(self.user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
             path.chmod(0o700)
             require_reachable(path, self.user, "a folder made for the Postgres server's data")
         return path
@@ -129,7 +132,10 @@ def ensure_server_user() -> None:
         return
     made = subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin",
                            SERVER_USER], capture_output=True, text=True)
-    if made.returncode != 0:
+    exists = False
+    with contextlib.suppress(KeyError):
+        exists = bool(pwd.getpwnam(SERVER_USER))  # another process (an xdist worker) may have just made it
+    if made.returncode != 0 and not exists:
         raise PostgresInstallError(f"Postgres refuses to run as root, and the user {SERVER_USER} to run it as could "
                                    f"not be created (useradd: {made.stderr.strip() or made.returncode}): create it, "
                                    "run as a non-root user, or start Postgres and set DATABASE_URL")
