@@ -120,7 +120,7 @@ def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = 
     finally:
         if started:
             server.stop()
-        if not keep:
+        if started and not keep:  # never the data of a server someone else started and still runs
             shutil.rmtree(data if install.user is None else data.parent, ignore_errors=True)
 
 
