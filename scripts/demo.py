@@ -65,6 +65,7 @@ def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
 
     Returns whether S3 is the demo's own (in memory: its objects go when the demo ends).
     """
+    from local.postgres_install import data_folder_for
     from local.s3 import start_local_s3
     from local.services import local_postgres, local_redis, with_database
 
@@ -72,7 +73,8 @@ def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
     if "DATABASE_URL" not in env:
         admin, started = stack.enter_context(local_postgres(LOCAL, keep=True))
         env["DATABASE_URL"] = with_database(admin, "regen")
-        said.append(f"Postgres {'started here (.regen-local/pg)' if started else 'on 127.0.0.1:5432'}")
+        # As root its data is not in .regen-local/: the server's own user may not reach the clone.
+        said.append(f"Postgres {f'started here ({data_folder_for(LOCAL)})' if started else 'on 127.0.0.1:5432'}")
     else:
         said.append("Postgres from DATABASE_URL")
     ensure_database(env["DATABASE_URL"])

