@@ -13,7 +13,7 @@ import sys
 import click
 
 from ledger.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
-from ledger.errors import RegenError, RunNotFound
+from ledger.errors import RegenError, RunNotFound, StoreError
 from ledger.settings import redact
 from worker.process.options import WorkerOptions
 
@@ -46,7 +46,9 @@ class _Group(click.Group):
 
             if ctx.params.get("debug"):
                 raise
-            line = describe(e, cli_common.current_settings)
+            # regen's own refusals say what they mean; the store's get the endpoint and the fix too.
+            said = isinstance(e, RegenError) and not isinstance(e, StoreError)
+            line = None if said else describe(e, cli_common.current_settings)
             if line is None and not isinstance(e, RegenError):
                 raise  # not the user's setup: a bug keeps its traceback
             click.echo(f"error: {line or e}", err=True)

@@ -168,13 +168,21 @@ def check_output_writable(store: ObjectStore, output_url: str) -> None:
     """A probe object written under the output prefix and deleted again: the prefix is reachable and writable."""
     probe = join_key(output_url, f".regen-probe-{uuid.uuid4().hex}")
     body = json.dumps({"what": "regen submit's write check; deleted at once"}).encode()
+    # The store's retry warnings are left out: the refusal below says it in one line.
+    objects_log = logging.getLogger("ledger.objects")
+    level = objects_log.level
+    objects_log.setLevel(logging.ERROR)
     try:
         store.put(probe, body)
     except StoreError as e:
         raise StoreError(f"the output {output_url} cannot be written: {e}", transient=e.transient,
                          code=e.code) from e
-    try:
-        store.delete_prefix(probe)
-    except StoreError as e:
-        raise StoreError(f"the output {output_url} takes writes but refused the delete of {probe} ({e}); "
-                         "regen clean and the probe need s3:DeleteObject", transient=e.transient, code=e.code) from e
+    else:
+        try:
+            store.delete_prefix(probe)
+        except StoreError as e:
+            raise StoreError(f"the output {output_url} takes writes but refused the delete of {probe} ({e}); "
+                             "regen clean and the probe need s3:DeleteObject", transient=e.transient,
+                             code=e.code) from e
+    finally:
+        objects_log.setLevel(level)
