@@ -80,6 +80,10 @@ _KNOWN_SAMPLES = text(
     "WHERE run_id = :run AND sample_id = wanted.id LIMIT 1) AS s")
 
 
+class SubmitInProgress(ConfigError):
+    """Another submit of the run holds its lock."""
+
+
 @dataclass
 class SubmitReport:
     run: str
@@ -354,6 +358,8 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
     try:
         return _submit_into(sessions, app, store, paths, run_id=run_id, run_name=run_name, created=created,
                             batch_size=batch_size, window=window)
+    except SubmitInProgress:
+        raise  # the run is the other submit's now: never deleted from under it
     except BaseException:
         if created:
             _forget_empty_run(sessions, run_id, run_name)
@@ -387,7 +393,7 @@ def _submit_into(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
     lock_conn = sessions.kw["bind"].connect()
     try:
         if not lock_conn.execute(text("SELECT pg_try_advisory_xact_lock(8151, :r)"), {"r": run_id}).scalar():
-            raise ConfigError(f"another submit of run {run_name!r} is in progress")
+            raise SubmitInProgress(f"another submit of run {run_name!r} is in progress")
         with sessions() as s:
             run = get_run(s, run_id)
         if created:
