@@ -72,7 +72,8 @@ def submit(farm: Farm, dataset: Path, run: str, queue: str) -> tuple[int, float]
                run_name=run, config=RunConfig(model="bench/no-model", max_tokens=MAX_TOKENS,
                                               sampling={"temperature": 1.0}),
                output_url=f"{farm.scratch.output_root}/{run}", batch_size=SAMPLES_PER_BATCH, queue=queue,
-               window=settings.queue_window, quality_thresholds=QUALITY)
+               window=settings.queue_window, quality_thresholds=QUALITY,
+               benchmark=True)  # served by fake engines, which serve benchmark runs only
     elapsed = time.perf_counter() - start
     with engine.connect() as conn:
         run_id = conn.execute(text("SELECT id FROM runs WHERE name = :n"), {"n": run}).scalar_one()

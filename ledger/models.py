@@ -11,6 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -67,6 +68,8 @@ class Run(Base):
     done_samples: Mapped[int] = mapped_column(BigInteger, server_default="0")
     done_prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     done_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: Submitted with ``regen submit --benchmark``: the only runs a fake engine may serve (migration 0010).
+    benchmark: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
     __table_args__ = (CheckConstraint(_in("status", RunStatus), name="runs_status_check"),)
 
@@ -106,6 +109,10 @@ class Batch(Base):
     #: New messages the reconciler published because the batch's was neither on the queue nor
     #: claimed after the grace period (lost, or held by a consumer that is gone); migration 0007.
     republishes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The committed output shard was made by a fake engine (its rows carry ``fake_engine``); migration 0010.
+    fake: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    #: Deliveries a fake-engine worker refused because the run is not a benchmark run (migration 0010).
+    fake_refusals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("run_id", "seq", name="batches_run_seq_key"),
@@ -121,6 +128,8 @@ class Batch(Base):
               postgresql_where=text("stale_deliveries > 0 OR republishes > 0")),
         # regen status's recent throughput: the last batches done (migration 0009).
         Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
+        # The few batches a fake engine made or refused (migration 0010): status, export, report.
+        Index("batches_fake_idx", "run_id", postgresql_where=text("fake OR fake_refusals > 0")),
     )
 
 

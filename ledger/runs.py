@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ledger.quality import Thresholds
 
 _COLUMNS = ("id, name, model, sampling, config_hash, output_url, queue, batch_size, status, status_reason, "
-            "provenance, quality_thresholds, created_at")
+            "provenance, quality_thresholds, created_at, benchmark")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class RunRecord:
     #: The stored overrides of the quality gate (None: the defaults); ``thresholds`` is what they make.
     quality_thresholds: dict | None
     created_at: datetime | None
+    #: Submitted with ``regen submit --benchmark``: a fake engine may serve it (worker/engine/fake.py).
+    benchmark: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Any) -> RunRecord:
@@ -52,7 +54,7 @@ class RunRecord:
                    config_hash=get("config_hash"), output_url=get("output_url"), queue=get("queue"),
                    batch_size=get("batch_size"), status=get("status"), status_reason=get("status_reason"),
                    provenance=get("provenance") or {}, quality_thresholds=get("quality_thresholds"),
-                   created_at=get("created_at"))
+                   created_at=get("created_at"), benchmark=bool(get("benchmark")))
 
     @cached_property
     def thresholds(self) -> Thresholds:
@@ -67,7 +69,7 @@ class RunRecord:
         """What a worker's batch needs of its run, as the dict the batch path takes (worker/batches/delivery.py)."""
         return {"id": self.id, "name": self.name, "model": self.model, "sampling": self.sampling,
                 "output_url": self.output_url, "provenance": self.provenance, "config_hash": self.config_hash,
-                "quality_thresholds": self.quality_thresholds}
+                "quality_thresholds": self.quality_thresholds, "benchmark": self.benchmark}
 
 
 def find_run(session: Any, name: str, *, for_update: bool = False) -> RunRecord:

@@ -138,16 +138,30 @@ UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :wo
        started_at = now(), heartbeat_at = now(), finished_at = NULL, error = NULL
 FROM runs r
 WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
+  -- A fake engine (worker/engine/fake.py) serves benchmark runs only: never a real run's batch.
+  AND (r.benchmark OR NOT CAST(:fake AS boolean))
   AND (b.status IN ('planned', 'queued')
        OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
            AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)))
 RETURNING b.attempts""")
 
 
-def claim(session: Session, batch_id: int, *, worker: str, lease_s: float) -> int | None:
-    """Take a batch (waiting, or running with an expired lease): the new attempt, or None if not taken."""
-    row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s}).first()
+def claim(session: Session, batch_id: int, *, worker: str, lease_s: float, fake: bool = False) -> int | None:
+    """Take a batch (waiting, or running with an expired lease): the new attempt, or None if not taken.
+
+    ``fake``: the claimer is a fake engine, which may take a benchmark run's batches only.
+    """
+    row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s, "fake": fake}).first()
     return None if row is None else row[0]
+
+
+# Not a status write: a fake engine's delivery of a real run's batch, handed back untouched and counted.
+_COUNT_FAKE_REFUSAL = text("UPDATE batches SET fake_refusals = fake_refusals + 1 WHERE id = :batch")
+
+
+def count_fake_refusal(session: Session, batch_id: int) -> None:
+    """A fake-engine worker was handed a batch of a run not submitted with ``--benchmark``: counted, not worked."""
+    session.execute(_COUNT_FAKE_REFUSAL, {"batch": batch_id})
 
 
 _RELEASE = _transition("batches", (_R,), (_Q,), """
@@ -176,15 +190,19 @@ def fail(session: Session, batch_id: int, attempt: int, *, error: str, max_attem
 
 _DONE = _transition("batches", (_R,), (_D,), """
 UPDATE batches SET status = 'done', finished_at = now(), heartbeat_at = now(),
-       output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, error = NULL
+       output_key = :key, output_sha256 = :sha, prompt_tokens = :pt, completion_tokens = :ct, error = NULL,
+       fake = CAST(:fake AS boolean)
 WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING id""")
 
 
 def mark_done(session: Session, batch_id: int, attempt: int, *, output_key: str, output_sha256: str,
-              prompt_tokens: int, completion_tokens: int) -> bool:
-    """The attempt's batch is ``done`` with its output shard; False if a newer attempt fenced it off."""
+              prompt_tokens: int, completion_tokens: int, fake: bool = False) -> bool:
+    """The attempt's batch is ``done`` with its output shard; False if a newer attempt fenced it off.
+
+    ``fake``: the shard's rows were made by a fake engine (they carry ``fake_engine``).
+    """
     return session.execute(_DONE, {"batch": batch_id, "attempt": attempt, "key": output_key, "sha": output_sha256,
-                                   "pt": prompt_tokens, "ct": completion_tokens}).first() is not None
+                                   "pt": prompt_tokens, "ct": completion_tokens, "fake": fake}).first() is not None
 
 
 _EXPIRE = _transition("batches", (_R,), (_Q, _X), """

@@ -2,7 +2,8 @@
 
 Command → module::
 
-    regen submit           submit.py (run_config.py: the run's configuration and hash)
+    regen submit           submit_checks.py (before anything is written) → submit.py (run_config.py: the
+                           run's configuration and hash)
     regen retry            retry.py
     regen clean            clean.py
     regen estimate         estimate/  command.py → sample.py (draw) → worker.engine.pilot (generate)
@@ -16,7 +17,8 @@ Command → module::
     regen tiny-model       worker/tiny/model.py
 
 ``cli.py`` declares the commands, ``cli_common.py`` what they share (settings, the
-ledger block, the run-config options). ``dataset/`` reads and normalises input rows
+ledger block, the run-config options), ``cli_errors.py`` the one line a ledger, broker or S3
+failure of any command is said in. ``dataset/`` reads and normalises input rows
 for submit and estimate: readers.py → normalize.py (sharegpt.py, jsontext.py), with
 the rejection codes of reasons.py.
 """

@@ -13,7 +13,7 @@ import sys
 import click
 
 from ledger.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
-from ledger.errors import RegenError, RunNotFound
+from ledger.errors import RegenError, RunNotFound, StoreError
 from ledger.settings import redact
 from worker.process.options import WorkerOptions
 
@@ -32,19 +32,33 @@ log = logging.getLogger("regen.cli")
 
 
 class _Group(click.Group):
-    """Every RegenError a command raises is reported here, once: ``error: ...`` and ERROR_EXIT."""
+    """Every RegenError a command raises, and every ledger, broker or S3 failure (producer/cli_errors.py),
+    is reported here, once: one ``error: ...`` line and ERROR_EXIT; ``--debug`` keeps the traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except RegenError as e:
-            click.echo(f"error: {e}", err=True)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            from . import cli_common
+            from .cli_errors import describe
+
+            if ctx.params.get("debug"):
+                raise
+            # regen's own refusals say what they mean; the store's get the endpoint and the fix too.
+            said = isinstance(e, RegenError) and not isinstance(e, StoreError)
+            line = None if said else describe(e, cli_common.current_settings)
+            if line is None and not isinstance(e, RegenError):
+                raise  # not the user's setup: a bug keeps its traceback
+            click.echo(f"error: {line or e}", err=True)
             sys.exit(ERROR_EXIT)
 
 
 @click.group(cls=_Group)
 @click.option("-v", "--verbose", is_flag=True)
-def main(verbose: bool) -> None:
+@click.option("--debug", is_flag=True, help="show the traceback of a ledger, broker or S3 failure")
+def main(verbose: bool, debug: bool) -> None:
     """regen: regenerate a dataset's completions with one target model, on a fault-tolerant farm."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -101,17 +115,24 @@ def tiny_model(out_dir: str, variant: str, seed: int, family: str, force: bool) 
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="broker queue the workers of this model consume")
 @click.option("--quality-thresholds", default=None,
               help='JSON overrides of the quality gate, e.g. \'{"gate_min_samples": 100}\' (docs/quality.md)')
+@click.option("--benchmark", is_flag=True,
+              help="a benchmark run: fake-engine workers (--fake-engine) may serve it, and its model is not "
+                   "checked; fake workers refuse every other run")
 @click.option("--json", "as_json", is_flag=True)
 @db_option
 @redis_option
-def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresholds, as_json, database_url, redis_url,
-           **run_config) -> None:
-    """Register PATHS (JSONL/Parquet files or folders) as a run and enqueue its batches."""
+def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresholds, benchmark, as_json, database_url,
+           redis_url, **run_config) -> None:
+    """Register PATHS (JSONL/Parquet files or folders) as a run and enqueue its batches.
+
+    Everything that can be checked is checked before anything is written (producer/submit_checks.py).
+    """
     from dataclasses import asdict
 
     from ledger.dispatch import make_celery
 
     from .submit import submit_run
+    from .submit_checks import check_submit
 
     thresholds = None
     if quality_thresholds is not None:
@@ -122,16 +143,21 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
         except ValueError as e:
             raise click.BadParameter(f"not JSON: {e}", param_hint="--quality-thresholds") from e
         thresholds = Thresholds.from_json(raw).to_json()
+    if batch_size <= 0:
+        raise click.BadParameter("must be positive", param_hint="--batch-size")
     settings = _settings(database_url, redis_url)
+    check_submit(settings, list(paths), model=model, output_url=output_url, benchmark=benchmark)
     config = run_config_from(model, run_config)
     app = make_celery(settings)
     with ledger(settings) as sessions:
         report = submit_run(sessions, app, store(settings), list(paths), run_name=run_name, config=config,
                             output_url=output_url, batch_size=batch_size, queue=queue,
-                            quality_thresholds=thresholds, window=settings.queue_window)
+                            quality_thresholds=thresholds, window=settings.queue_window, benchmark=benchmark)
     if as_json:
         click.echo(json.dumps(asdict(report), indent=2))
         return
+    if benchmark:
+        click.echo(f"run {report.run} is a benchmark run: fake-engine workers may serve it")
     click.echo(f"run {report.run} ({'created' if report.created else 'resumed'}): {report.rows_read:,} rows read, "
                f"{report.samples_new:,} new samples in {report.batches_new:,} batches, "
                f"{report.samples_known:,} already registered, {report.rejected:,} rejected, "
@@ -396,6 +422,10 @@ def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer,
         manifest = export_run(sessions, store(settings), list(run_names), fmt, out_dir, include_all=include_all,
                               include=tuple(include), shard_rows=shard_size, tokenizer=tokenizer,
                               eval_share=eval_share, split_seed=split_seed, draft_vocab=draft_vocab)
+    fake = manifest.data.get("fake_rows_left_out") or 0
+    if fake:
+        click.echo(f"warning: {fake:,} samples made by the fake engine were left out (manifest: left_out.samples."
+                   "fake_engine); `regen status` names the run's fake batches", err=True)
     click.echo(f"export: {manifest.path}")
 
 

@@ -65,8 +65,14 @@ def run_config_from(model: str, options: dict[str, Any]) -> RunConfig:
     return build_run_config(model, **{key: options[key] for key in RUN_CONFIG_KEYS})
 
 
+#: The settings the running command built last: where producer/cli_errors.py says a failure happened.
+current_settings: Settings | None = None
+
+
 def settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
-    return Settings.from_env(database_url=database_url, redis_url=redis_url)
+    global current_settings
+    current_settings = Settings.from_env(database_url=database_url, redis_url=redis_url)
+    return current_settings
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from ledger import transitions
 from ledger.defaults import DEFAULT_QUEUE_WINDOW
 from ledger.errors import ConfigError, InputRowError
 from ledger.models import Batch, RejectedRow, Run
+from ledger.object_keys import parse_s3_url
 from ledger.objects import ObjectStore
 from ledger.reconcile import top_up
 from ledger.runs import RunRecord, get_run
@@ -54,7 +55,7 @@ from ledger.shards import encode_shard, input_group_url, pack_shards, run_manife
 from ledger.states import BatchStatus
 
 from .dataset.normalize import normalize_row
-from .dataset.readers import iter_rows
+from .dataset.readers import iter_input_paths, iter_rows
 from .run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ _KNOWN_SAMPLES = text(
     "SELECT s.sample_id, s.source_file, s.source_row FROM unnest(CAST(:ids AS text[])) AS wanted(id) "
     "CROSS JOIN LATERAL (SELECT sample_id, source_file, source_row FROM samples "
     "WHERE run_id = :run AND sample_id = wanted.id LIMIT 1) AS s")
+
+
+class SubmitInProgress(ConfigError):
+    """Another submit of the run holds its lock."""
 
 
 @dataclass
@@ -125,14 +130,19 @@ def _provenance(config: RunConfig) -> dict:
 
 
 def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
-                      batch_size: int, quality_thresholds: dict | None = None) -> tuple[Run, bool]:
+                      batch_size: int, quality_thresholds: dict | None = None,
+                      benchmark: bool = False) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
         run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
                                   config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
                                   batch_size=batch_size, provenance=_provenance(config),
-                                  quality_thresholds=quality_thresholds)
+                                  quality_thresholds=quality_thresholds, benchmark=benchmark)
         return run, True
+    if bool(run.benchmark) != benchmark:
+        # Which engines may serve the run (a fake one serves benchmark runs only): fixed at creation.
+        raise ConfigError(f"run {name!r} was created {'with' if run.benchmark else 'without'} --benchmark; "
+                          "a run's benchmark mark never changes: choose a new run name")
     if run.config_hash != config.hash:
         diffs = []
         if run.model != config.model:
@@ -319,15 +329,61 @@ class _Submitter:
 
 def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,
                run_name: str, config: RunConfig, output_url: str, batch_size: int, queue: str,
-               quality_thresholds: dict | None = None, window: int = DEFAULT_QUEUE_WINDOW) -> SubmitReport:
+               quality_thresholds: dict | None = None, window: int = DEFAULT_QUEUE_WINDOW,
+               benchmark: bool = False) -> SubmitReport:
+    """Register ``paths`` as the run ``run_name`` (or resume it), write its input shards, publish its batches.
+
+    ``regen submit`` checks what it can first (producer/submit_checks.py); this function still
+    refuses what it can before it writes: a bad batch size, output URL or input path. A run this
+    call created and that got no batch before a failure (S3 or Redis gone, Ctrl-C) is deleted
+    again, so the same submit, corrected, creates it anew; one that got batches is resumed by
+    the same submit. ``benchmark``: a fake engine may serve the run (worker/engine/fake.py).
+
+    Raises:
+        ConfigError: a refused argument, a run of this name with another configuration, or a
+            submit of the run already in progress. StoreError, and the broker's and Postgres's
+            errors, from a step that failed (the run is rolled back as said above).
+    """
     if batch_size <= 0:
         raise ConfigError("--batch-size must be positive")
     if not output_url.startswith("s3://"):
         raise ConfigError(f"--output must be an s3:// URL, got {output_url!r}")
+    parse_s3_url(output_url)  # a bad bucket name is refused before the run exists
+    iter_input_paths(paths)  # and a missing input path
     with sessions.begin() as s:
         run, created = get_or_create_run(s, run_name, config, output_url=output_url, queue=queue,
-                                         batch_size=batch_size, quality_thresholds=quality_thresholds)
+                                         batch_size=batch_size, quality_thresholds=quality_thresholds,
+                                         benchmark=benchmark)
         run_id = run.id
+    try:
+        return _submit_into(sessions, app, store, paths, run_id=run_id, run_name=run_name, created=created,
+                            batch_size=batch_size, window=window)
+    except SubmitInProgress:
+        raise  # the run is the other submit's now: never deleted from under it
+    except BaseException:
+        if created:
+            _forget_empty_run(sessions, run_id, run_name)
+        raise
+
+
+def _forget_empty_run(sessions: sessionmaker[Session], run_id: int, run_name: str) -> None:
+    """Delete the run this submit created, if it has no batch yet: a failed first submit leaves nothing."""
+    try:
+        with sessions.begin() as s:
+            # ON DELETE CASCADE takes its rejected rows along. A batch means rows were registered:
+            # kept, and the same submit resumes them.
+            gone = s.execute(text("DELETE FROM runs WHERE id = :id AND NOT EXISTS "
+                                  "(SELECT 1 FROM batches WHERE run_id = :id) RETURNING id"), {"id": run_id}).first()
+    except Exception as e:  # noqa: BLE001 - the submit's own error is the one to report
+        log.warning("run %s: could not remove the run this failed submit created (%s: %s); `regen clean --run %s "
+                    "--ledger --yes` removes it", run_name, type(e).__name__, str(e).splitlines()[0], run_name)
+        return
+    if gone is not None:
+        log.info("run %s: removed again, the submit that created it failed before any batch", run_name)
+
+
+def _submit_into(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,
+                 run_id: int, run_name: str, created: bool, batch_size: int, window: int) -> SubmitReport:
     report = SubmitReport(run=run_name, created=created)
     # One submit per run at a time: two would number their batches alike. A transaction-level
     # lock in a transaction left open (no snapshot held: it runs no query after this) for the
@@ -337,7 +393,7 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
     lock_conn = sessions.kw["bind"].connect()
     try:
         if not lock_conn.execute(text("SELECT pg_try_advisory_xact_lock(8151, :r)"), {"r": run_id}).scalar():
-            raise ConfigError(f"another submit of run {run_name!r} is in progress")
+            raise SubmitInProgress(f"another submit of run {run_name!r} is in progress")
         with sessions() as s:
             run = get_run(s, run_id)
         if created:
@@ -394,7 +450,7 @@ def _stream_into_batches(submitter: _Submitter, samples: Iterator[dict], rejects
 def encode_manifest(run: RunRecord) -> bytes:
     import json
 
-    return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling,
+    return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling, "benchmark": run.benchmark,
                        "config_hash": run.config_hash, "provenance": run.provenance,
                        "created_at": run.created_at.isoformat() if run.created_at else None},
                       indent=2, sort_keys=True).encode()

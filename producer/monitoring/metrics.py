@@ -110,7 +110,8 @@ def read_ledger(db: Engine, cache: SampleCountCache) -> LedgerFigures:
         for r in conn.execute(text(
                 "SELECT run_id, status, count(*) AS n, coalesce(sum(completion_tokens), 0) AS completion, "
                 "coalesce(sum(prompt_tokens), 0) AS prompt, coalesce(sum(failures), 0) AS failures, "
-                "coalesce(sum(n_samples), 0) AS n_samples, extract(epoch FROM max(finished_at)) AS last_finished "
+                "coalesce(sum(n_samples), 0) AS n_samples, extract(epoch FROM max(finished_at)) AS last_finished, "
+                "count(*) FILTER (WHERE fake) AS fake, coalesce(sum(fake_refusals), 0) AS fake_refusals "
                 "FROM batches GROUP BY run_id, status")).mappings():
             figures.batches[(r["run_id"], r["status"])] = dict(r)
         for run in figures.runs:
@@ -184,6 +185,10 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
                                    "`regen retry --dead` resets those of dead batches", labels=["run"])
     last = GaugeMetricFamily("regen_last_commit_timestamp_seconds", "When the run's last batch was committed "
                              "(Unix time)", labels=["run"])
+    fake = GaugeMetricFamily("regen_fake_batches", "Done batches of a run made by the fake engine (benchmark "
+                             "device: random token ids; export leaves them out)", labels=["run"])
+    refusals = CounterMetricFamily("regen_fake_refusals", "Deliveries of a run refused by fake-engine workers: "
+                                   "the run was not submitted with --benchmark", labels=["run"])
     for run in ledger.runs:
         rid, name = run["id"], run["name"]
         info.add_metric([name, run["model"], run["queue"], run["status"]], 1.0)
@@ -201,6 +206,8 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
         batches_done.add_metric([name], committed["n"] if committed else 0)
         done.add_metric([name], counts.by_status.get(SampleStatus.DONE.value, 0))
         failures.add_metric([name], float(sum(int(r["failures"]) for r in rows.values() if r)))
+        fake.add_metric([name], committed["fake"] if committed else 0)
+        refusals.add_metric([name], float(sum(int(r["fake_refusals"]) for r in rows.values() if r)))
         if committed and committed["last_finished"] is not None:
             last.add_metric([name], float(committed["last_finished"]))
     rejected = GaugeMetricFamily("regen_rejected_rows", "Input rows that never became samples, by reason "
@@ -220,7 +227,7 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
     for worker, age_s in sorted(ages.items()):
         heartbeat.add_metric([worker], age_s)
     return [info, batches, samples, quality, completion, prompt, done, batches_done, failures, last, rejected, running,
-            heartbeat]
+            heartbeat, fake, refusals]
 
 
 def _queues(ledger: LedgerFigures | None, extra: Sequence[str]) -> list[str]:

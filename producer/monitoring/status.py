@@ -57,6 +57,9 @@ BROKER_CHECK_LIMIT = 2000
 
 _REDELIVERED = ("SELECT coalesce(sum(stale_deliveries), 0), coalesce(sum(republishes), 0) FROM batches "
                 "WHERE run_id = %(run)s AND (stale_deliveries > 0 OR republishes > 0)")
+#: Batches a fake engine made or refused (migration 0010's partial index: only those batches).
+_FAKE = ("SELECT count(*) FILTER (WHERE fake), coalesce(sum(fake_refusals), 0) FROM batches "
+         "WHERE run_id = %(run)s AND (fake OR fake_refusals > 0)")
 _OLDEST_QUEUED = ("SELECT id, enqueued_at, now() - make_interval(secs => %(grace)s) FROM batches "
                   "WHERE run_id = %(run)s AND status = 'queued' AND enqueued_at IS NOT NULL "
                   "ORDER BY enqueued_at LIMIT %(n)s")
@@ -139,6 +142,7 @@ def status_statements(run_id: int, *, grace_s: float = QUEUED_GRACE_S) -> list[t
             ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES}),
             ("failure reasons", _FAILED, {**run, "n": FAILED_REASONS_READ}), ("batch errors", _BATCH_ERRORS, run),
             ("workers", _WORKERS, run), ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
+            ("fake engine", _FAKE, run),
             ("oldest queued", _OLDEST_QUEUED, {**run, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
 
 
@@ -162,6 +166,7 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
         sample_failures = _counts(conn, _FAILED, rid, n=FAILED_REASONS_READ)
         batch_errors = fetch_dicts(conn, _BATCH_ERRORS, {"run": rid})
         workers = fetch_dicts(conn, _WORKERS, {"run": rid})
+        ((fake_batches, fake_refusals),) = fetch_rows(conn, _FAKE, {"run": rid})
         recent, window_s = recent_throughput(recent_rows, done_batches=done)
         remaining = samples["pending"]
         samples_per_s = recent[1] / window_s if recent[2] else 0.0
@@ -192,6 +197,8 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
             "projection": token_projection(conn, rid, samples, recent[0] / window_s if recent[2] else 0.0),
             "batch_errors": batch_errors,
             "broker": broker_figures(conn, rid, run.queue, broker_url),
+            # worker/engine/fake.py: a benchmark run may be served by fake engines; a real run never is.
+            "fake": {"benchmark": run.benchmark, "batches": int(fake_batches), "refusals": int(fake_refusals)},
             "workers": [{**w, "heartbeat_at": w["heartbeat_at"].isoformat() if w["heartbeat_at"] else None,
                          "samples": int(w["samples"] or 0)} for w in workers],
         })
@@ -261,6 +268,19 @@ def _broker_lines(r: dict) -> list[str]:
     return lines
 
 
+def _fake_lines(r: dict) -> list[str]:
+    f = r.get("fake") or {}
+    lines = []
+    if f.get("batches"):
+        what = ("a benchmark run" if f.get("benchmark") else
+                "NOT a benchmark run: these samples are random token ids, and `regen export` leaves them out")
+        lines.append(f"  FAKE      {f['batches']:,} done batches were made by the fake engine ({what})")
+    if f.get("refusals"):
+        lines.append(f"  FAKE      {f['refusals']:,} deliveries refused by fake-engine workers (the run was not "
+                     "submitted with --benchmark): stop the `--fake-engine` workers on queue " + r["queue"])
+    return lines
+
+
 def _fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -278,7 +298,7 @@ def render_status(runs: list[dict]) -> str:
         total = s["pending"] + s["done"] + s["failed"]
         pct = 100.0 * s["done"] / total if total else 0.0
         lines.append(f"run {r['name']}  [{r['status']}{': ' + r['status_reason'] if r['status_reason'] else ''}]"
-                     f"  model {r['model']}")
+                     f"  model {r['model']}{'  (benchmark run)' if (r.get('fake') or {}).get('benchmark') else ''}")
         lines.append(f"  samples   {s['done']:>9,} done  {s['failed']:>7,} failed  {s['pending']:>9,} pending"
                      f"  ({pct:.1f}% done)   rows rejected {s['rejected']:,}  duplicates {s['duplicates']:,}")
         lines.append("  batches   " + "  ".join(f"{v:,} {k}" for k, v in b.items() if v))
@@ -300,6 +320,7 @@ def render_status(runs: list[dict]) -> str:
         for e in r["batch_errors"]:
             lines.append(f"  batch {e['seq']} [{e['status']}, {e['failures']} failures]: {str(e['error'])[:160]}")
         lines.extend(_broker_lines(r))
+        lines.extend(_fake_lines(r))
         for w in r["workers"]:
             lines.append(f"  worker {w['worker']}: {w['batches']} running")
         lines.append(f"  output    {r['output']}")

@@ -42,7 +42,14 @@ from . import draft_vocab as vocab
 from . import token_stats as stats
 from .export_rows import load_decoder, message_row, messages_schema, token_rows
 from .export_split import EVAL, RULE, TRAIN, check_eval_share, side_of
-from .outputs import committed_samples, read_shards, row_quality, sample_status_counts
+from .outputs import (
+    FAKE_ROWS_WHY,
+    committed_samples,
+    is_fake_row,
+    read_shards,
+    row_quality,
+    sample_status_counts,
+)
 
 FORMATS = ("messages", "tokens")
 #: Rows per shard. Messages: ~10K conversations is a few hundred MB of Parquet. Tokens: a
@@ -51,6 +58,8 @@ DEFAULT_SHARD_ROWS = {"messages": 10_000, "tokens": 2_000}
 DATA_DIR = "data"
 MANIFEST_FILE = "manifest.json"
 _SUFFIX = {"messages": "parquet", "tokens": "jsonl"}
+#: The left-out reason of a fake engine's rows.
+FAKE = "fake_engine"
 
 
 @dataclass(frozen=True)
@@ -178,8 +187,10 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         "format": fmt,
         "config_hash": runs[0].config_hash,
         "model": runs[0].model,
-        "runs": [{"name": run.name, "status": run.status, "samples": statuses[n], "committed": committed[n],
-                  "exported_samples": tally.per_run[n]} for n, run in enumerate(runs)],
+        "runs": [{"name": run.name, "status": run.status, "benchmark": run.benchmark, "samples": statuses[n],
+                  "committed": committed[n], "exported_samples": tally.per_run[n]} for n, run in enumerate(runs)],
+        # Always present, so a consumer can assert it: the fake engine's rows found and left out.
+        "fake_rows_left_out": tally.left_out[FAKE],
         "filters": {"include_all": include_all, "include": sorted(include),
                     "kept_classes": [c for c in CLASSES if c in kept and c != Quality.FAILED.value],
                     "excluded_classes": [c for c in BAD_CLASSES if c not in kept]},
@@ -231,6 +242,9 @@ def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_
         if row.status != "done":
             left_out[Quality.FAILED.value] += 1
             continue
+        if row.fake:
+            left_out[FAKE] += 1  # a fake engine's batch (migration 0010): never training data
+            continue
         if row.quality is not None and row.quality not in kept:
             left_out[row.quality] += 1
             continue
@@ -257,6 +271,9 @@ def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, 
         if want is None or row.get("status") != "done":
             continue
         found += 1
+        if is_fake_row(row):
+            tally.left_out[FAKE] += 1  # a fake row the ledger did not mark (committed before migration 0010)
+            continue
         run = runs[want.run]
         sample_class, details = row_quality(row, run.thresholds)
         sample_class = want.quality or sample_class  # the ledger's class is the one status and gate saw
@@ -354,9 +371,10 @@ def _left_out(counts: Counter, fmt: str) -> dict[str, Any]:
         Quality.FAILED.value: "failed samples have no output (regen status shows their reasons)",
         "not_committed": "pending, or in a batch the ledger does not mark done",
         "duplicate_sample_id": "the same sample id in an earlier-named run (exported from there)",
+        FAKE: FAKE_ROWS_WHY,
     }
     samples = {}
-    for name in (*CLASSES, "not_committed", "duplicate_sample_id"):
+    for name in (*CLASSES, "not_committed", "duplicate_sample_id", FAKE):
         if counts[name]:
             samples[name] = {"count": counts[name], "why": why.get(
                 name, f"quality class {name}, left out by default: --include {name} or --include-all keeps it")}

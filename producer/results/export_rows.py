@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledger.errors import ConfigError
+from ledger.errors import ConfigError, ShardError
 from ledger.hashing import sample_seed
 
 #: Finish reasons of a generation that completed (a cut at max_tokens is still the
@@ -97,10 +97,13 @@ def token_rows(row: dict[str, Any], *, run: str, run_seed: int, sample_class: st
                   "source_file": source.get("file"), "source_row": source.get("row")}
     rows = []
     left_out = 0
-    for event, turn_class in zip(row.get("events") or [], turn_classes, strict=True):
+    for n, (event, turn_class) in enumerate(zip(row.get("events") or [], turn_classes, strict=True)):
         if not is_completed_generation(event):
             left_out += 1
             continue
+        if not isinstance(event.get("turn"), int) or "prompt_token_ids" not in event:
+            raise ShardError(f"sample {sid!r}: generation event {n} has no turn number or prompt ids: not a row "
+                             "regen's worker writes (worker/conversation/dialogue.py)")
         prompt = list(event["prompt_token_ids"])
         completion = list(event["completion_token_ids"])
         turn = int(event["turn"])

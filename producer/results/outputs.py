@@ -22,6 +22,15 @@ from ledger.objects import ObjectStore
 from ledger.quality import Thresholds, classify_sample
 from ledger.shards import decode_shard
 
+#: Why a fake engine's rows are never results (worker/engine/fake.py): export, report and status say it.
+FAKE_ROWS_WHY = ("made by the fake engine (a benchmark device: random token ids, not generated data); never "
+                 "exported")
+
+
+def is_fake_row(row: dict[str, Any]) -> bool:
+    """An output row a fake engine made (its ``fake_engine`` field), whatever the ledger recorded."""
+    return bool(row.get("fake_engine"))
+
 #: Output shards fetched at once: S3 latency hides behind a few parallel GETs, and each
 #: shard in flight holds its bytes (tens of MB for long completions) in memory.
 FETCH_THREADS = 4
@@ -31,11 +40,11 @@ FETCH_AHEAD = 8
 #: One committed sample, as the ledger describes it (the columns every reader needs).
 COMMITTED_COLUMNS = ("sample_id", "status", "quality", "output_key", "output_sha256", "turns", "source_file",
                      "source_row", "completion_tokens", "reasoning_tokens", "answer_tokens", "tool_calls",
-                     "finish_reason")
+                     "finish_reason", "fake")
 
 _COMMITTED = text("""
 SELECT s.sample_id, s.status, s.quality, s.output_key, b.output_sha256, s.turns, s.source_file, s.source_row,
-       s.completion_tokens, s.reasoning_tokens, s.answer_tokens, s.tool_calls, s.finish_reason
+       s.completion_tokens, s.reasoning_tokens, s.answer_tokens, s.tool_calls, s.finish_reason, b.fake
 FROM samples s JOIN batches b ON b.id = s.batch_id
 WHERE s.run_id = :run AND s.status IN ('done', 'failed') AND b.status = 'done' AND b.output_key = s.output_key
 """)

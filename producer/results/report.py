@@ -29,7 +29,14 @@ from ledger.quality import CLASSES, judge
 from ledger.runs import RunRecord, find_run
 
 from . import report_plots
-from .outputs import committed_samples, read_shards, row_quality, sample_status_counts
+from .outputs import (
+    FAKE_ROWS_WHY,
+    committed_samples,
+    is_fake_row,
+    read_shards,
+    row_quality,
+    sample_status_counts,
+)
 
 #: Output shards read for per-generation figures: 200 batches of 64 is ~13K samples,
 #: plenty for shares and examples, and minutes rather than hours of S3 reads on a 1M run.
@@ -54,6 +61,9 @@ class _Figures:
     event_classes: Counter = field(default_factory=Counter)
     events: int = 0
     tool_call_events: int = 0
+    #: Committed samples a fake engine made (their batch marked fake, or their row's ``fake_engine``).
+    fake_samples: int = 0
+    fake_rows_read: int = 0
     shards_read: int = 0
     shards_total: int = 0
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
@@ -105,6 +115,7 @@ def _ledger_figures(session: Session, run: RunRecord, figures: _Figures) -> dict
     shards: dict[str, str | None] = {}
     for row in committed_samples(session, run.id):
         shards[row.output_key] = row.output_sha256
+        figures.fake_samples += bool(row.fake)
         quality = row.quality or ("failed" if row.status == "failed" else "unclassified")
         figures.classes[quality] += 1
         figures.per_source[row.source_file][quality] += 1
@@ -132,6 +143,7 @@ def _shard_figures(store: ObjectStore, run: RunRecord, shards: dict[str, str | N
         for row in rows:
             if row.get("status") != "done":
                 continue
+            figures.fake_rows_read += is_fake_row(row)
             quality, details = row_quality(row, run.thresholds)
             for event, detail in zip(row.get("events") or [], details, strict=True):
                 figures.events += 1
@@ -220,6 +232,9 @@ def _numbers(run: RunRecord, f: _Figures) -> dict[str, Any]:
                         "classes": dict(f.event_classes.most_common()),
                         "tool_call_share": round(f.tool_call_events / f.events, 4) if f.events else 0.0},
         "per_source": per_source,
+        # Flagged, never hidden: a real run holding fake rows is a run to look at (worker/engine/fake.py).
+        "fake": {"benchmark_run": run.benchmark, "fake_samples": f.fake_samples,
+                 "fake_rows_in_shards_read": f.fake_rows_read, "why": FAKE_ROWS_WHY},
     }
 
 
@@ -230,6 +245,11 @@ def _summary(n: dict[str, Any]) -> str:
              "samples   " + "  ".join(f"{v:,} {k}" for k, v in samples.items()),
              "quality   " + ", ".join(f"{c} {quality['counts'][c]:,} ({s:.1%})" for c, s in quality["shares"].items()),
              f"gate      {'WOULD PAUSE: ' if quality['gate']['would_pause'] else ''}{quality['gate']['reason']}"]
+    fake = n["fake"]
+    if fake["fake_samples"] or fake["fake_rows_in_shards_read"]:
+        lines.append(f"FAKE      {max(fake['fake_samples'], fake['fake_rows_in_shards_read']):,} committed samples were "
+                     f"made by the fake engine ({'a benchmark run' if fake['benchmark_run'] else 'NOT a benchmark run'}"
+                     f"): {fake['why']}")
     for name in ("loss_mask_tokens", "reasoning_tokens", "answer_tokens"):
         values = n[name]
         shown = "  ".join(f"{k} {v:,}" for k, v in values.items() if k.startswith("p"))

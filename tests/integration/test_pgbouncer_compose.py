@@ -171,9 +171,10 @@ def test_the_compose_pgbouncer_carries_a_fake_engine_farm_within_its_pool(compos
     logs = [tmp_path / f"worker{i}.log" for i in range(WORKERS)]
     workers: list[subprocess.Popen] = []
     with Watch(pg_server.admin_dsn, bouncer) as watch:
-        # The model is not readable here: the fake engine needs none, and the run records `auto`.
+        # The model is not readable here: a benchmark run's is not checked, the fake engine needs none,
+        # and the run records `auto`.
         run_cli(["submit", str(SAMPLE), "--run", "pooled", "--model", "/models/not-here", "--output", output,
-                 "--batch-size", "8", "--max-tokens", "200", "--json"], env)
+                 "--batch-size", "8", "--max-tokens", "200", "--json", "--benchmark"], env)
         try:
             for i, log_path in enumerate(logs):
                 with open(log_path, "wb") as log_file:

@@ -60,7 +60,7 @@ def test_a_worker_that_took_the_whole_run_hands_unstarted_batches_to_a_late_work
         assert start >= BATCHES, f"A's start ({start}) must cover the whole run"
         run_cli(["submit", str(tmp_path / "shared.jsonl"), "--run", "shared", "--model", str(tiny_model),
                  "--output", f"{s3_bucket}/shared", "--batch-size", str(BATCH_SIZE), "--max-tokens", "200",
-                 "--quality-thresholds", '{"gate_overridden": true}'], env)
+                 "--quality-thresholds", '{"gate_overridden": true}', "--benchmark"], env)
         wait_for(lambda: _held_by(sessions, "shared") == {"a@shared": BATCHES}, timeout_s=30,
                  what="A holds the whole run", interval_s=0.2,
                  on_timeout=lambda: f"{_held_by(sessions, 'shared')}\n{logs['a'].read_text()[-3000:]}")

@@ -21,11 +21,11 @@ def _user(i):
 
 
 def test_every_bad_row_is_recorded_with_file_line_and_reason_and_the_rest_goes_on(settings, s3_env, s3_bucket,
-                                                                                   sessions, tmp_path):
+                                                                                   sessions, tmp_path, model_folder):
     data = _write(tmp_path / "mixed.jsonl", [
         _user(1), "{not json", {"messages": [{"role": "wizard", "content": "x"}]}, _user(2),
         {"messages": [{"role": "assistant", "content": "no question"}]}, {"messages": "nope"}, _user(1)])
-    out = run_cli(["submit", str(data), "--run", "mixed", "--model", "m", "--output", f"{s3_bucket}/mixed",
+    out = run_cli(["submit", str(data), "--run", "mixed", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/mixed",
                    "--json"], cli_env(settings, s3_env))
     report = json.loads(out.stdout)
     assert (report["samples_new"], report["rejected"], report["duplicates"]) == (2, 4, 1)
@@ -35,24 +35,25 @@ def test_every_bad_row_is_recorded_with_file_line_and_reason_and_the_rest_goes_o
         (2, "malformed_json"), (3, "unknown_role"), (5, "no_user_turn"), (6, "wrong_type"), (7, "duplicate_id")]
 
 
-def test_a_different_config_under_an_existing_run_name_is_refused(settings, s3_env, s3_bucket, tmp_path):
+def test_a_different_config_under_an_existing_run_name_is_refused(settings, s3_env, s3_bucket, tmp_path,
+                                                                  model_folder):
     env = cli_env(settings, s3_env)
     data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(3)])
-    base = ["submit", str(data), "--run", "r", "--model", "m", "--output", f"{s3_bucket}/r"]
+    base = ["submit", str(data), "--run", "r", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/r"]
     run_cli(base + ["--temperature", "0.7"], env)
     refused = run_cli(base + ["--temperature", "0.9"], env, check=False)
     assert refused.returncode == 2
     assert "temperature 0.7 != 0.9" in refused.stderr and "new run name" in refused.stderr
-    other_model = run_cli(["submit", str(data), "--run", "r", "--model", "other", "--output", f"{s3_bucket}/r",
+    other_model = run_cli(["submit", str(data), "--run", "r", "--model", str(model_folder("other")), "--output", f"{s3_bucket}/r",
                            "--temperature", "0.7"], env, check=False)
     assert other_model.returncode == 2 and "model" in other_model.stderr
 
 
 def test_a_submit_that_could_not_publish_is_finished_by_running_it_again(settings, s3_env, s3_bucket, sessions,
-                                                                        tmp_path):
+                                                                        tmp_path, model_folder):
     env = cli_env(settings, s3_env)
     data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(10)])
-    args = ["submit", str(data), "--run", "r", "--model", "m", "--output", f"{s3_bucket}/r", "--batch-size", "4",
+    args = ["submit", str(data), "--run", "r", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/r", "--batch-size", "4",
             "--json"]
     # The broker is down: the submit stops before registering anything.
     broken = run_cli(args, {**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=False)
@@ -73,10 +74,10 @@ def test_a_submit_that_could_not_publish_is_finished_by_running_it_again(setting
 
 
 def test_new_rows_appended_to_a_dataset_become_new_batches_on_resubmit(settings, s3_env, s3_bucket, sessions,
-                                                                      tmp_path):
+                                                                      tmp_path, model_folder):
     env = cli_env(settings, s3_env)
     data = tmp_path / "grow.jsonl"
-    args = ["submit", str(data), "--run", "g", "--model", "m", "--output", f"{s3_bucket}/g", "--batch-size", "4",
+    args = ["submit", str(data), "--run", "g", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/g", "--batch-size", "4",
             "--json"]
     _write(data, [_user(i) for i in range(6)])
     first = json.loads(run_cli(args, env).stdout)
@@ -90,11 +91,11 @@ def test_new_rows_appended_to_a_dataset_become_new_batches_on_resubmit(settings,
     assert redis_lib.Redis.from_url(settings.redis_url).llen("regen") == 3
 
 
-def test_a_message_carries_only_ids_and_the_shard_key(settings, s3_env, s3_bucket, tmp_path):
+def test_a_message_carries_only_ids_and_the_shard_key(settings, s3_env, s3_bucket, model_folder, tmp_path):
     env = cli_env(settings, s3_env)
     data = _write(tmp_path / "a.jsonl", [{"id": "secret-prompt", "messages": [
         {"role": "user", "content": "THE PROMPT TEXT MUST NOT BE IN REDIS"}]}])
-    run_cli(["submit", str(data), "--run", "ids", "--model", "m", "--output", f"{s3_bucket}/ids"], env)
+    run_cli(["submit", str(data), "--run", "ids", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/ids"], env)
     [raw] = redis_lib.Redis.from_url(settings.redis_url).lrange("regen", 0, -1)
     message = json.loads(raw)
     assert message["content-type"] == "application/json"
@@ -104,13 +105,13 @@ def test_a_message_carries_only_ids_and_the_shard_key(settings, s3_env, s3_bucke
 
 
 def test_a_groups_batches_share_one_object_and_each_reads_and_verifies_alone(settings, s3_env, s3_bucket, sessions,
-                                                                            tmp_path, monkeypatch):
+                                                                            tmp_path, monkeypatch, model_folder):
     from ledger.objects import ObjectStore
     from ledger.shards import InputSlice, read_input_shard
 
     env = cli_env(settings, s3_env)
     data = tmp_path / "grow.jsonl"
-    args = ["submit", str(data), "--run", "p", "--model", "m", "--output", f"{s3_bucket}/p", "--batch-size", "4"]
+    args = ["submit", str(data), "--run", "p", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/p", "--batch-size", "4"]
     _write(data, [_user(i) for i in range(10)])
     run_cli(args, env)
     _write(data, [_user(i) for i in range(13)])
@@ -139,13 +140,13 @@ def test_a_groups_batches_share_one_object_and_each_reads_and_verifies_alone(set
 
 
 def test_a_worker_claim_carries_where_its_batch_input_is(settings, s3_env, s3_bucket, sessions, tmp_path,
-                                                         monkeypatch):
+                                                         monkeypatch, model_folder):
     from ledger.objects import ObjectStore
     from ledger.shards import read_input_shard
     from worker.batches.ledger_calls import ClaimOutcome, claim_batch
 
     data = _write(tmp_path / "a.jsonl", [_user(i) for i in range(6)])
-    run_cli(["submit", str(data), "--run", "w", "--model", "m", "--output", f"{s3_bucket}/w", "--batch-size", "4"],
+    run_cli(["submit", str(data), "--run", "w", "--model", str(model_folder("m")), "--output", f"{s3_bucket}/w", "--batch-size", "4"],
             cli_env(settings, s3_env))
     for key, value in s3_env.items():
         monkeypatch.setenv(key, value)

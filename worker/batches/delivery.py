@@ -22,12 +22,16 @@ from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
 from worker.engine.host import EngineDead
 from worker.measure import ledger_timing
-from worker.process.runtime import WorkerRuntime, WrongModel
+from worker.process.runtime import NotBenchmark, WorkerRuntime, WrongModel
 
 log = logging.getLogger(__name__)
 
 #: How often a waiting task thread looks at the shutdown flag and its lease.
 POLL_S = 0.5
+#: How long a task thread keeps a message it cannot run (another model's, a real run's on a fake
+#: engine) before handing it back: long enough not to spin on the queue, short enough that the
+#: message soon reaches a worker that can run it.
+REFUSED_PAUSE_S = 5.0
 
 
 class Requeue(RegenError):
@@ -53,7 +57,17 @@ class Outcome:
 def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
     if rt.shutting_down.is_set():
         raise Requeue("worker is shutting down")
-    claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s)
+    fake = bool(rt.options.fake_engine)
+    claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s, fake=fake)
+    if claim.outcome is ClaimOutcome.NOT_BENCHMARK:
+        # A fake engine makes random token ids: it serves runs submitted with --benchmark only. Nothing
+        # was claimed (no attempt, no failure); the message goes back for a real worker.
+        refused = rt.count_fake_refusal()
+        log.error("FAKE ENGINE refuses batch %s (run %s, seq %s): the run was not submitted with --benchmark, and a "
+                  "fake engine never serves a real run (%d refused by this worker); stop this worker, or submit a "
+                  "benchmark run", msg.batch_id, claim.run["name"] if claim.run else "?", msg.seq, refused)
+        time.sleep(REFUSED_PAUSE_S)
+        raise Requeue("a fake engine serves benchmark runs only")
     if claim.outcome is not ClaimOutcome.CLAIMED:
         # done/dead: nothing to do. Held elsewhere: a duplicate delivery. Paused run:
         # the batch stays queued in the ledger and `regen resume` publishes it again.
@@ -80,9 +94,9 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         log.info("batch %s attempt %s handed back before it started (held beyond this worker's share)",
                  msg.batch_id, attempt)
         raise Requeue("handed back before it started") from e
-    except WrongModel as e:
+    except (WrongModel, NotBenchmark) as e:
         release_batch(rt.sessions, msg.batch_id, attempt, reason=str(e))
-        time.sleep(5)  # do not spin on a message this worker can never run
+        time.sleep(REFUSED_PAUSE_S)  # do not spin on a message this worker can never run
         raise Requeue(str(e)) from e
     except EngineDead as e:
         # Every batch in flight sees the death; only the first is charged a failure
@@ -165,7 +179,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # The ledger's record of the input (its range in a packed object), not the message's key alone.
         samples = list(decode_shard(read_input_shard(rt.store, where)))
         rt.batch_size = len(samples) or rt.batch_size  # how many batches fill the gate (worker/batches/holding.py)
-        engine, renderer = rt.engine_for(run["model"])
+        engine, renderer = rt.engine_for(run["model"], benchmark=bool(run.get("benchmark")))
         run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
                                          "chat_template_sha256": renderer.template_hash,
                                          "config_hash": run["config_hash"]}}

@@ -33,6 +33,7 @@ class ClaimOutcome(str, Enum):
     HELD_ELSEWHERE = "held_elsewhere"    # a live attempt holds it: this delivery is a duplicate
     RUN_PAUSED = "run_paused"            # hand it back without generating
     MISSING = "missing"                  # no such batch (ledger reset): ack
+    NOT_BENCHMARK = "not_benchmark"      # a fake engine was handed a real run's batch: hand it back, untouched
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,12 @@ class Claim:
 
 
 @timed("claim")
-def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float) -> Claim:
+def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float,
+                fake: bool = False) -> Claim:
+    """Claim a batch for this worker; ``fake``: the worker runs the fake engine (benchmark runs only)."""
     def tx() -> Claim:
         with sessions.begin() as s:
-            attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s)
+            attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s, fake=fake)
             found = run_of_batch(s, batch_id)
             if found is None:
                 return Claim(ClaimOutcome.MISSING)
@@ -63,6 +66,11 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
                 return Claim(ClaimOutcome.ALREADY_DONE, run=run)
             if record.status == RunStatus.PAUSED.value:
                 return Claim(ClaimOutcome.RUN_PAUSED, run=run)
+            if fake and not record.benchmark and batch_status != BatchStatus.RUNNING.value:
+                # Waiting for a real engine: counted (regen status, regen metrics), the message goes back.
+                # A running batch's delivery is a duplicate, acknowledged below as for any worker.
+                transitions.count_fake_refusal(s, batch_id)
+                return Claim(ClaimOutcome.NOT_BENCHMARK, run=run)
             transitions.count_stale_delivery(s, batch_id)
             return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
 
@@ -112,6 +120,9 @@ class _FencedOff(Exception):
 def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
                  output_sha256: str, rows: list[dict], provenance: dict | None = None) -> bool:
     """Record a finished batch and all its samples in one transaction. False if fenced off."""
+    # Told from the shard's own rows, not from the engine at hand: a shard an earlier attempt
+    # uploaded is committed as it is, whoever made it.
+    fake = any(r.get("fake_engine") for r in rows)
     prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in rows)
     completion_tokens = sum(r["usage"]["completion_tokens"] for r in rows)
     sample_params = [{
@@ -133,7 +144,7 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
                 transitions.record_samples(s, sample_params)
                 if not transitions.mark_done(s, batch_id, attempt, output_key=output_key,
                                              output_sha256=output_sha256, prompt_tokens=prompt_tokens,
-                                             completion_tokens=completion_tokens):
+                                             completion_tokens=completion_tokens, fake=fake):
                     raise _FencedOff  # a newer attempt holds the batch: roll the samples back
                 if provenance:
                     # The run record names the engine and chat template its first batch used.

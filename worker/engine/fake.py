@@ -13,10 +13,19 @@ decodes ~10x faster than one of 1,024). ``gpus=N`` makes one
 process stand for N engines' traffic (N x the sequences and the rate, so N x the batches
 held, claimed and committed): a 2-core machine can then load the ledger like a farm.
 
-It is a benchmark and test device, not a production mode: it is used only when that
-option is given (an environment variable never selects it), the worker logs a warning
-at start, and every output row and every batch's provenance records the engine as
-``FAKE_ENGINE_VERSION``, so a fake shard can never pass as generated data.
+It is a benchmark and test device, not a production mode, and it cannot touch a real run:
+
+* it is used only when that option is given (an environment variable never selects it), and
+  the worker logs a warning at start;
+* it serves only runs submitted with ``regen submit --benchmark`` (``runs.benchmark``): the
+  claim itself refuses it any other run's batch (ledger/transitions.py ``claim``), so no
+  attempt is taken and no failure counted; the worker logs the refusal, counts it
+  (``batches.fake_refusals``: ``regen status``, ``regen metrics``; the worker's own
+  ``regen_worker_fake_refusals``) and hands the message back for a real worker;
+  ``WorkerRuntime.engine_for`` refuses it a second time;
+* every row it makes carries ``fake_engine`` (``FAKE_ENGINE_VERSION``), and the commit marks
+  the batch ``fake`` from its rows; ``regen status`` and ``regen report`` show fake batches,
+  and ``regen export`` never exports a fake row (it counts them in the manifest's ``left_out``).
 """
 
 from __future__ import annotations
@@ -225,7 +234,8 @@ async def fake_sample(engine: FakeEngineHost, sample: dict, run: dict) -> dict:
     prompt = [1, 2, 3]
     finish = "length" if len(ids) >= budget else "stop"
     messages = [*sample["messages"], {"role": "assistant", "content": f"fake answer of {len(ids)} tokens"}]
-    event = {"message_index": len(messages) - 1, "prompt_token_ids": prompt, "completion_token_ids": ids,
+    # The keys of worker/conversation/dialogue.py's events, "turn" included (export reads it).
+    event = {"turn": 0, "message_index": len(messages) - 1, "prompt_token_ids": prompt, "completion_token_ids": ids,
              "loss_mask": [0] * len(prompt) + [1] * len(ids), "finish_reason": finish, "stop_reason": None,
              "truncated_in_reasoning": False, "think_tags_ok": True, "tool_call_errors": [],
              "answer_tokens": len(ids)}

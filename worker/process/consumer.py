@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
 
         Gauge("regen_worker_batches_in_flight", "Batches this worker process holds", ["worker"]).labels(
             args.name).set_function(runtime.held_count)
+        Gauge("regen_worker_fake_refusals", "Deliveries this fake-engine process refused: their runs were not "
+              "submitted with --benchmark", ["worker"]).labels(args.name).set_function(lambda: runtime.fake_refusals)
         _occupancy_gauges(runtime, args.name)
         start_http_server(args.metrics_port)
 
@@ -168,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         from worker.engine.fake import FakeEngineSpec
 
         max_num_seqs = FakeEngineSpec.parse(options.fake_engine).max_num_seqs
-        log.warning("%s runs the FAKE ENGINE: a benchmark and test device, its output is not generated data",
-                    options.name)
+        log.warning("%s runs the FAKE ENGINE: a benchmark and test device, its output is not generated data; it "
+                    "serves runs submitted with --benchmark only and hands back every other batch", options.name)
     elif options.model:
         max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
     else:

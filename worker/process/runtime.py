@@ -35,6 +35,10 @@ class WrongModel(RegenError):
     pass
 
 
+class NotBenchmark(RegenError):
+    """A fake engine (worker/engine/fake.py) was asked to serve a run not submitted with ``--benchmark``."""
+
+
 class WorkerRuntime:
     def __init__(self, settings: Settings, options: WorkerOptions):
         self.settings = settings
@@ -57,11 +61,23 @@ class WorkerRuntime:
         self._engine_death_seen = False
         #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
         self.batch_size = ASSUMED_BATCH_SIZE
+        #: Deliveries this process refused because it runs the fake engine and the run is not a benchmark run.
+        self.fake_refusals = 0
 
     # -- engine ---------------------------------------------------------------------------
-    def engine_for(self, model: str) -> tuple[EngineHost, Renderer]:
-        """The process's engine, loaded on first use. A process serves one model."""
+    def engine_for(self, model: str, *, benchmark: bool = False) -> tuple[EngineHost, Renderer]:
+        """The process's engine, loaded on first use. A process serves one model.
+
+        ``benchmark``: the batch's run was submitted with ``--benchmark``. The fake engine serves
+        no other (the claim already refused them: this is the second lock on the same door).
+
+        Raises:
+            WrongModel: the process serves another model.
+            NotBenchmark: a fake engine was asked for a run that is not a benchmark run.
+        """
         model = resolve_model(model)
+        if self.options.fake_engine and not benchmark:
+            raise NotBenchmark(f"a fake engine serves benchmark runs only, not a run of {model}")
         with self._engine_lock:
             if self._engine is None and self.options.fake_engine:
                 from worker.engine.fake import FakeEngineHost, FakeEngineSpec, FakeRenderer
@@ -79,6 +95,12 @@ class WorkerRuntime:
                 raise WrongModel(f"this worker serves {self._engine.model}, not {model}")
             assert self._renderer is not None
             return self._engine, self._renderer
+
+    def count_fake_refusal(self) -> int:
+        """One more real run's delivery refused by this fake-engine process; the total so far."""
+        with self._held_lock:
+            self.fake_refusals += 1
+            return self.fake_refusals
 
     @property
     def engine(self) -> EngineHost | None:
