@@ -25,6 +25,9 @@ from ledger.objects import ObjectStore
 from producer.run_config import RunConfig
 from producer.submit import submit_run
 from worker.batches.ledger_calls import heartbeat
+from worker.process import reaper
+from worker.process.orphans import LAUNCHER_PID_ENV, die_with_parent
+from worker.process.reaper import TAG_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The issue's load per GPU: ~10K output tok/s of 1,500-token samples = 6.7 samples/s, 0.10 commits/s.
@@ -87,7 +90,11 @@ def fake_spec(gpus: int, seqs: int, time_factor: float) -> str:
 
 @dataclass
 class Workers:
+    """The bench's worker processes, each in a session of its own that the farm's reaper watches."""
+
+    farm: Farm
     procs: list[subprocess.Popen]
+    tags: list[str]
     logs: list[Path]
 
     def cpu_s(self) -> float:
@@ -105,28 +112,44 @@ class Workers:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for p in self.procs:
+        for p, tag in zip(self.procs, self.tags, strict=True):
             try:
                 p.wait(max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+            # As the launcher does when a child exits: the rest of its session and its tag, then unwatched.
+            reaper.kill(tag, {p.pid})
+            self.farm.reaper.forget(p.pid)
 
 
 def start_workers(farm: Farm, *, queue: str, procs: int, gpus_each: int, seqs: int, time_factor: float,
                   timing_dir: str, tag: str) -> Workers:
+    """``procs`` worker processes, supervised as ``regen worker``'s launcher supervises its children.
+
+    Each is started in a new session with PR_SET_PDEATHSIG (SIGTERM: it hands its batches back
+    when the bench dies), names the bench as its launcher (worker/process/consumer.py stops when
+    that pid is no longer its parent: the instant between fork and prctl), carries the reaper's
+    tag and is told to the reaper, which stops whatever of its session is left should the bench
+    die by SIGKILL.
+    """
     env = farm.env(timing_dir)
     spec = fake_spec(gpus_each, seqs, time_factor)
-    started, logs = [], []
+    workers = Workers(farm, [], [], [])
     for k in range(procs):
         log = Path(farm.scratch.workdir) / f"{tag}-{k}.log"
+        child_tag = f"{farm.launch_id}/{tag}{k}"
         with open(log, "wb") as out:
-            started.append(subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.process.consumer", "--name", f"{tag}{k}@farm", "--queues", queue,
                  "--fake-engine", spec, "--loglevel", "WARNING"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
-        logs.append(log)
-    return Workers(started, logs)
+                env={**env, TAG_ENV: child_tag, LAUNCHER_PID_ENV: str(os.getpid())}, stdout=out,
+                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
+        farm.reaper.watch(proc.pid)  # its session id
+        workers.procs.append(proc)
+        workers.tags.append(child_tag)
+        workers.logs.append(log)
+    return workers
 
 
 class PlayedHeartbeats:
