@@ -148,8 +148,9 @@ class Cpu:
                 "machine": _machine_busy_s()}
 
     def cores(self) -> dict[str, float]:
+        now = self._now()  # first: on a loaded machine reading the figures takes a while
         elapsed = time.monotonic() - self.t
-        return {k: (v - self.start.get(k, 0.0)) / elapsed for k, v in self._now().items()}
+        return {k: (v - self.start.get(k, 0.0)) / elapsed for k, v in now.items()}
 
 
 def _warm_up(farm: Farm, run_id: int, procs: int, most_s: float) -> None:
@@ -169,7 +170,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
     table = Table(f"{gpus:,} simulated GPUs, full path: {procs} worker processes x {gpus // procs} GPUs, "
                   f"{WINDOW_SEQS} sequences/GPU, real rate; {args.measure_s:.0f} s after a warm-up (first commits + 10 s)",
                   gpus=gpus)
-    with PlayedHeartbeats(farm, gpus):
+    with PlayedHeartbeats(farm, gpus) as beats:
         workers = start_workers(farm, queue=queue, procs=procs, gpus_each=gpus // procs, seqs=WINDOW_SEQS,
                                 time_factor=1.0, timing_dir=str(timing), tag=f"w{gpus}-")
         try:
@@ -189,7 +190,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
     table.engines(timings.get(SEQUENCE, []), samples_s=gpus * SAMPLES_S_PER_GPU,
                   tok_s=gpus * SAMPLES_S_PER_GPU * MEAN_TOKENS)
     table.note(f"heartbeats: {gpus} played statements / 5 s over 122 held batches each, plus the {procs} "
-               "workers' own over their (4/GPU) held sets")
+               f"workers' own over their (4/GPU) held sets; {beats.words()}")
     return table
 
 
@@ -198,7 +199,7 @@ def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
     commits_s = gpus * COMMITS_S_PER_GPU
     table = Table(f"{gpus:,} simulated GPUs, ledger only: the real ledger calls at the farm's rates from threads "
                   f"through PgBouncer; {args.measure_s:.0f} s", gpus=gpus)
-    with PlayedHeartbeats(farm, gpus):
+    with PlayedHeartbeats(farm, gpus) as beats:
         cpu = Cpu(farm)
         start = time.time()
         with Sampler(farm) as sampler:
@@ -211,6 +212,7 @@ def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
     table.fill(read_timings(timing, t0, t1), sampler.samples, cores, t1 - t0, pool=farm.pool_size)
     table.targets(commits_s=commits_s, heartbeats_s=gpus / 5)
     table.note(f"played: {load.words()}; 48 client connections stand for {gpus:,} processes' {4 * gpus:,}")
+    table.note(f"heartbeats: {beats.words()}")
     cpu = Cpu(farm)
     with Sampler(farm, interval_s=0.25) as sampler:
         commits, seconds = farm_ledger.burst(farm, run_id, batch_ids, "farm-ledger-only", seconds=10)

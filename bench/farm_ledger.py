@@ -104,6 +104,11 @@ class LedgerLoad:
     passes: int = 0
     #: Claims that found the queue empty (no message to take).
     empty: int = 0
+    #: Calls submitted when due, calls started, and those not started when the time was up (the
+    #: ledger fell behind): dropped, not run late after the window.
+    due: int = 0
+    started: int = 0
+    not_started: int = 0
     #: Batches the reconciler's passes republished (expired leases, lost messages) and topped up.
     republished: int = 0
     topped_up: int = 0
@@ -113,16 +118,18 @@ class LedgerLoad:
         errors = ", ".join(f"{n} {kind}" for kind, n in self.errors.most_common()) or "none"
         return (f"{self.claims:,} claims ({self.empty:,} found the queue empty), {self.commits:,} commits, "
                 f"{self.passes} reconciler passes ({self.topped_up:,} batches topped up, {self.republished:,} "
-                f"republished) and {self.offers:,} offers; errors: {errors}")
+                f"republished) and {self.offers:,} offers; {self.not_started:,} calls due but not started at the "
+                f"end (dropped); errors: {errors}")
 
 
-def _paced(rate: float, stop: threading.Event, pool: ThreadPoolExecutor, job) -> None:
+def _paced(rate: float, stop: threading.Event, pool: ThreadPoolExecutor, job, due) -> None:
     start = time.monotonic()
     k = 0
     while not stop.is_set():
         delay = start + k / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        due()
         pool.submit(job, k)
         k += 1
 
@@ -153,6 +160,7 @@ def play(farm: Farm, run_id: int, batch_ids: list[int], name: str, *, gpus: int,
     due: queue.Queue = queue.Queue()
 
     def claim(k: int) -> None:
+        count("started")
         try:
             batch = deliveries.next()
             if batch is None:
@@ -170,6 +178,7 @@ def play(farm: Farm, run_id: int, batch_ids: list[int], name: str, *, gpus: int,
     def commit(item: tuple[float, int, int]) -> None:
         _, batch, attempt = item
         k = index[batch]
+        count("started")
         try:
             rows = [_row(f"{name}-{k}-{j}", j) for j in range(SAMPLES_PER_BATCH)]
             if not commit_batch(sessions, run_id=run_id, batch_id=batch, attempt=attempt,
@@ -189,9 +198,11 @@ def play(farm: Farm, run_id: int, batch_ids: list[int], name: str, *, gpus: int,
             delay = item[0] - time.monotonic()
             if delay > 0 and stop.wait(delay):
                 return
+            count("due")
             work.submit(commit, item)
 
     def offer(k: int) -> None:
+        count("started")
         try:
             report = ledger_timing.call(lambda r: "reconcile_offer" if r is None else "reconcile_pass",
                                         reconcile_once, sessions, app, lease_s=LEASE_S, max_attempts=3,
@@ -207,17 +218,23 @@ def play(farm: Farm, run_id: int, batch_ids: list[int], name: str, *, gpus: int,
 
     work = ThreadPoolExecutor(threads)
     offers = ThreadPoolExecutor(8)
-    pacers = [threading.Thread(target=_paced, args=(commits_s, stop, work, claim), daemon=True),
+
+    def due_one() -> None:
+        count("due")
+
+    pacers = [threading.Thread(target=_paced, args=(commits_s, stop, work, claim, due_one), daemon=True),
               threading.Thread(target=commits_when_due, daemon=True),
-              threading.Thread(target=_paced, args=(gpus / RECONCILE_S, stop, offers, offer), daemon=True)]
+              threading.Thread(target=_paced, args=(gpus / RECONCILE_S, stop, offers, offer, due_one), daemon=True)]
     for p in pacers:
         p.start()
     time.sleep(seconds)
     stop.set()
     for p in pacers:
         p.join()
-    work.shutdown(wait=True)
-    offers.shutdown(wait=True)
+    # Calls due but not started when the time is up are dropped, not run late after it (counted).
+    work.shutdown(wait=True, cancel_futures=True)
+    offers.shutdown(wait=True, cancel_futures=True)
+    load.not_started = load.due - load.started
     deliveries.close()
     engine.dispose()
     return load

@@ -154,7 +154,13 @@ def start_workers(farm: Farm, *, queue: str, procs: int, gpus_each: int, seqs: i
 
 class PlayedHeartbeats:
     """``processes`` GPU processes' heartbeats, each every 5 s over its own ``held`` running batches,
-    through the real ``worker.batches.ledger_calls.heartbeat``: the rows are a run of their own (farm_played.sql)."""
+    through the real ``worker.batches.ledger_calls.heartbeat``: the rows are a run of their own (farm_played.sql).
+
+    As with a worker's heartbeat thread, a process beats again only once its last beat has returned:
+    a beat due while the last one waits is skipped and counted late (never queued up behind it). A
+    ledger that falls behind then shows as late beats and, past the lease, as batches the reconciler
+    expired (``lost``, each dropped from its set as a worker drops it), as it would on a farm.
+    """
 
     def __init__(self, farm: Farm, processes: int, held: int = H200_HELD, threads: int = 16):
         self.processes, self.held = processes, held
@@ -162,7 +168,10 @@ class PlayedHeartbeats:
         self.sessions = make_sessionmaker(self.engine)
         self.threads = threads
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._beating: set[int] = set()
         self.sent = 0
+        self.late = 0
         self.lost = 0
         run_sql, batches_sql = PLAYED_SQL.read_text().split(";\n", 1)
         with self.sessions.begin() as s:
@@ -179,23 +188,43 @@ class PlayedHeartbeats:
                 delay = due - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                held = self.sets[k % self.processes]
-                pool.submit(self._beat, held)
+                process = k % self.processes
                 k += 1
+                with self._lock:
+                    if process in self._beating:
+                        self.late += 1
+                        continue
+                    self._beating.add(process)
+                pool.submit(self._beat, process)
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _beat(self, held: dict[int, int]) -> None:
-        lost = heartbeat(self.sessions, held)
-        self.sent += 1
-        self.lost += len(lost)
+    def _beat(self, process: int) -> None:
+        held = self.sets[process]
+        try:
+            lost = heartbeat(self.sessions, held)
+            for batch in lost:
+                held.pop(batch, None)
+        finally:
+            with self._lock:
+                self._beating.discard(process)
+        with self._lock:
+            self.sent += 1
+            self.lost += len(lost)
+
+    def words(self) -> str:
+        return (f"{self.sent:,} played heartbeat statements, {self.late:,} due while the process's last one had not "
+                f"returned (late), {self.lost:,} batches found no longer held (lease expired)")
 
     def __enter__(self) -> PlayedHeartbeats:
+        self._thread = threading.Thread(target=self._loop, name="played-heartbeats", daemon=True)
         if self.processes:
-            threading.Thread(target=self._loop, name="played-heartbeats", daemon=True).start()
+            self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        time.sleep(0.5)
+        if self._thread.is_alive():
+            self._thread.join(60)  # the beats under way return; none waits to start
         with self.sessions.begin() as s:
             # Gone, not left to expire: the reconciler would republish them as lost leases.
             s.execute(text("DELETE FROM runs WHERE id = :r"), {"r": self.run_id})
