@@ -79,6 +79,7 @@ stopped by the production reaper, moto and Redis by their parent-death signal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -106,6 +107,7 @@ from bench.farm_workers import (
 )
 from bench.scratch import DEFAULT_ADMIN_DSN
 from bench.submit_scale import postgres_cpu_s
+from local.services import local_postgres
 from worker.engine.admission import batches_to_hold
 from worker.measure import ledger_timing
 from worker.measure.ledger_timing import SEQUENCE
@@ -270,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-seqs", type=int, default=H200_SEQS,
                    help="sequences per GPU in the tail phase (a scale model: see the docstring)")
     p.add_argument("--pool-size", type=int, default=POOL_SIZE, help="PgBouncer's server connections")
-    p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
+    p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN),
+                   help="a Postgres the bench may create its scratch database on; 'local': the one on "
+                        "127.0.0.1:5432 if it answers, else an embedded one of the bench's own (a machine "
+                        "with none, such as the lent GPU machine)")
     args = p.parse_args(argv)
     sizes = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
     if any(g < 1 for g in sizes) or args.samples < 64:
@@ -278,6 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM as Ctrl-C: the blocks below stop the workers, PgBouncer, moto, and drop the database.
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"# python -m bench.farm {shlex.join(sys.argv[1:] if argv is None else argv)}", flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.admin_dsn == "local":
+            pg_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="regen-farm-pg-"))
+            args.admin_dsn, _ = stack.enter_context(local_postgres(Path(pg_dir)))
+        tables = _run(args, sizes)
+    print(summary(tables), flush=True)
+    return 0
+
+
+def _run(args, sizes: list[int]) -> list[Table]:
     tables: list[Table] = []
     with farm_services(admin_dsn=args.admin_dsn, pool_size=args.pool_size) as farm, \
             tempfile.TemporaryDirectory(prefix="regen-farm-data-") as data:
@@ -299,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpus >= 1000:
                 tables.append(ledger_only(farm, args, gpus, timing))
                 print(tables[-1].render(), flush=True)
-    print(summary(tables), flush=True)
-    return 0
+    return tables
 
 
 if __name__ == "__main__":

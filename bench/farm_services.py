@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import redis as redis_lib
@@ -82,6 +82,8 @@ def _pgbouncer(direct_url: str, pool_size: int, launch_id: str) -> Iterator[tupl
         raise SystemExit("bench/farm.py needs PgBouncer: apt-get install -y pgbouncer")
     parts = urlsplit(direct_url)
     user, database = parts.username or "postgres", parts.path.lstrip("/")
+    # A Unix socket's folder (an embedded Postgres: ``?host=/dir``) or a TCP host.
+    host = parse_qs(parts.query).get("host", [parts.hostname or "127.0.0.1"])[0]
     workdir = tempfile.mkdtemp(prefix="regen-farm-pgbouncer-")
     os.chmod(workdir, 0o777)  # run as nobody when we are root: it writes its log here
     port = free_port()
@@ -90,7 +92,7 @@ def _pgbouncer(direct_url: str, pool_size: int, launch_id: str) -> Iterator[tupl
     config = os.path.join(workdir, "pgbouncer.ini")
     with open(config, "w") as f:
         f.write(f"""[databases]
-{database} = host={parts.hostname or '127.0.0.1'} port={parts.port or 5432} dbname={database} user={user}
+{database} = host={host} port={parts.port or 5432} dbname={database} user={user}
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = {port}
