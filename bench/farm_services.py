@@ -170,8 +170,10 @@ class Sampler:
         direct = self.farm.scratch.settings.database_url
         database = self.farm.scratch.database_name
         redis = redis_lib.Redis.from_url(self.farm.redis_url)
-        with psycopg.connect(direct, autocommit=True) as pg, \
-                psycopg.connect(self.farm.console_url, autocommit=True) as console:
+        # prepare_threshold=None: psycopg prepares a query run 5 times, and PgBouncer's admin console,
+        # which speaks the simple protocol only, then closes the connection (the sampler once saw 5 s).
+        with psycopg.connect(direct, autocommit=True, prepare_threshold=None) as pg, \
+                psycopg.connect(self.farm.console_url, autocommit=True, prepare_threshold=None) as console:
             while not self._stop.wait(self.interval_s):
                 with contextlib.suppress(psycopg.Error, redis_lib.RedisError):
                     backends, active, locked = pg.execute(
