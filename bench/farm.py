@@ -197,7 +197,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
 
 
 def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
-    run_id, batch_ids = farm_ledger.write_run(farm, "farm-ledger-only", args.samples)
+    run_id, batch_ids = farm_ledger.write_run(farm, "farm-ledger-only", args.ledger_samples or args.samples)
     commits_s = gpus * COMMITS_S_PER_GPU
     table = Table(f"{gpus:,} simulated GPUs, ledger only: the real ledger calls at the farm's rates from threads "
                   f"through PgBouncer; {args.measure_s:.0f} s", gpus=gpus)
@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", default="8,64,1000", help="simulated farm sizes, comma-separated")
     p.add_argument("--samples", type=int, default=914_000, help="samples of each run")
+    p.add_argument("--ledger-samples", type=int, default=0,
+                   help="samples of the ledger-only run (default --samples): written straight into the ledger, "
+                        "so a large one costs no submit; 914,000 keeps batches planned beyond the queue's window")
     p.add_argument("--procs", type=int, default=16, help="worker processes at most in a rate window")
     p.add_argument("--warm-s", type=float, default=60.0, help="the most a rate window waits for steady commits")
     p.add_argument("--measure-s", type=float, default=45.0)
