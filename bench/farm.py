@@ -26,21 +26,28 @@ Each size prints a table:
    steady within ~40 s). The window is measured after ``--warm-s``. To give the ledger the
    heartbeat rows of real holders, a *played* heartbeat load runs beside them: one real
    ``heartbeat()`` statement per GPU every 5 s, each over 122 running batches of a run of its own
-   (farm_played.sql). Where the full path falls short of its target (the 2 cores), the table
-   says achieved vs target and the CPU each part used.
+   (farm_played.sql). Throughput is what the engines *ended* inside the window (each answer's
+   end, recorded by the fake engine), against the farm's rate and the engines' token cap; the
+   commits/s beside it are a ledger load, not a throughput (a batch committed inside the window
+   holds answers made before it). Where the full path falls short of its target (the 2 cores),
+   the table says achieved vs target and the CPU each part used.
 2. **Ledger only, at 1,000 GPUs.** The real ``claim_batch``, ``commit_batch`` (64 rows),
    ``enforce_gate`` and ``reconcile_once`` (offered by every process every 10 s) from threads at
    the 1,000-GPU rates, plus the played heartbeats, on a run of ``--samples`` written straight into
-   the ledger (farm_ledger.py). No S3, no engine, no Redis deliveries: this is what 1,000 GPUs ask of
-   Postgres and PgBouncer. Then a burst: the same calls as fast as 32 threads go, for one run.
+   the ledger as submit leaves one (planned, its window published), each claim taking the next
+   message off the queue (farm_ledger.py). No S3, no engine, no Celery: this is what 1,000 GPUs ask
+   of Postgres and PgBouncer. Then a burst: the same calls as fast as 32 threads go, for one run,
+   with the machine's CPU and the ledger's lock waits over it; "CPU-bound" or "lock-bound" is
+   printed only when those figures show it (farm_report.py ``bound_by``).
 3. **The tail, at 64 GPUs.** ``--tail-procs`` processes (64 GPUs between them) with H200-sized
    engines (1,024 sequences per GPU, the derived 122 held batches per GPU and the real holding
    policy) run a whole ``--samples`` run. Time is compressed by ``--time-factor`` F: every engine
    is F x faster, so batch durations, held work and run length keep their ratios while the run
    takes 1/F of its ideal 35 min. Printed: the time from 95% to 100% of the samples done against
    the ideal (5% of the run's ideal time at the farm's full rate), the same against the rate the
-   run actually reached between 10% and 90% (fairer when the 2 cores, not the GPUs, set the
-   pace), and the idle GPU share: 1 - tokens made / (the farm's token rate x the run's time, first
+   run actually reached between 10% and 90% of its answers *ended* (fairer when the 2 cores, not
+   the GPUs, set the pace; counted at commit it once read 148% of what the engines can make),
+   and the idle GPU share: 1 - tokens made / (the farm's token rate x the run's time, first
    claim to last commit). Heartbeats here are the 16 processes' own (one per 4 GPUs).
    **A scale model for 2 cores** (``--tail-seqs 256 --samples 228500``): 7,808 held batches are
    7,808 task threads, and on 2 cores their heartbeats starve, leases expire and the run thrashes
@@ -61,12 +68,18 @@ every commit), ``gate_pass`` (an evaluation), ``reconcile_offer`` (another pass 
 is PgBouncer's (SHOW POOLS). Redis: ``used_memory`` and commands/s (INFO). The queries that grow
 with a 100M-sample ledger (finish check, gate, reconciler pass, ``regen status``) are measured by
 bench/reconcile_scale.py and bench/ledger_commits.py; the summary points to their results.
-On a shared 2-core machine every figure is a floor for a real server: read them with the CPU line.
+Every p50/p99 stands beside its call count; a p99 of fewer than 200 calls is printed as the max
+of N (farm_report.py). On a shared 2-core machine every figure is a floor for a real server:
+read them with the CPU line, which gives the whole machine's busy cores beside the bench's.
+
+Its processes never outlive it (farm_services.py): a killed bench's workers and PgBouncer are
+stopped by the production reaper, moto and Redis by their parent-death signal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -78,10 +91,11 @@ from pathlib import Path
 import psutil
 
 from bench import farm_ledger
-from bench.farm_report import Table, read_timings, summary
+from bench.farm_report import Burst, Table, read_ends, read_timings, summary
 from bench.farm_services import POOL_SIZE, Farm, Sampler, farm_services
 from bench.farm_workers import (
     H200_SEQS,
+    MEAN_TOKENS,
     SAMPLES_S_PER_GPU,
     WINDOW_SEQS,
     PlayedHeartbeats,
@@ -93,8 +107,10 @@ from bench.farm_workers import (
 )
 from bench.scratch import DEFAULT_ADMIN_DSN
 from bench.submit_scale import postgres_cpu_s
+from local.services import local_postgres
 from worker.engine.admission import batches_to_hold
 from worker.measure import ledger_timing
+from worker.measure.ledger_timing import SEQUENCE
 
 COMMITS_S_PER_GPU = SAMPLES_S_PER_GPU / 64
 
@@ -104,9 +120,16 @@ def _procs(gpus: int, most: int) -> int:
     return max(k for k in range(1, min(gpus, most) + 1) if gpus % k == 0)
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent busy (not idle, not waiting on I/O), all processes."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
 class Cpu:
     """CPU seconds of the bench's parts over a window: workers, moto, the ledger's Postgres backends,
-    PgBouncer, this process (the played load)."""
+    PgBouncer, this process (the played load), and the whole machine's (``machine``: the other users
+    of a shared machine included), each divided by the window's length (cores)."""
 
     def __init__(self, farm: Farm, workers=None):
         self.farm, self.workers = farm, workers
@@ -123,11 +146,13 @@ class Cpu:
         return {"workers": self.workers.cpu_s() if self.workers else 0.0,
                 "moto": cpu(psutil.Process(self.farm.scratch.moto.pid)),
                 "postgres": sum(postgres_cpu_s(self.farm.scratch.database_name).values()),
-                "pgbouncer": sum(cpu(p) for p in self.bouncer), "bench": cpu(psutil.Process())}
+                "pgbouncer": sum(cpu(p) for p in self.bouncer), "bench": cpu(psutil.Process()),
+                "machine": _machine_busy_s()}
 
     def cores(self) -> dict[str, float]:
+        now = self._now()  # first: on a loaded machine reading the figures takes a while
         elapsed = time.monotonic() - self.t
-        return {k: (v - self.start.get(k, 0.0)) / elapsed for k, v in self._now().items()}
+        return {k: (v - self.start.get(k, 0.0)) / elapsed for k, v in now.items()}
 
 
 def _warm_up(farm: Farm, run_id: int, procs: int, most_s: float) -> None:
@@ -147,7 +172,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
     table = Table(f"{gpus:,} simulated GPUs, full path: {procs} worker processes x {gpus // procs} GPUs, "
                   f"{WINDOW_SEQS} sequences/GPU, real rate; {args.measure_s:.0f} s after a warm-up (first commits + 10 s)",
                   gpus=gpus)
-    with PlayedHeartbeats(farm, gpus):
+    with PlayedHeartbeats(farm, gpus) as beats:
         workers = start_workers(farm, queue=queue, procs=procs, gpus_each=gpus // procs, seqs=WINDOW_SEQS,
                                 time_factor=1.0, timing_dir=str(timing), tag=f"w{gpus}-")
         try:
@@ -161,20 +186,22 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
         finally:
             workers.stop()
     ledger_timing.flush()
-    table.fill(read_timings(timing, t0, t1), sampler.samples, cores, t1 - t0, pool=farm.pool_size)
-    table.targets(samples_s=gpus * SAMPLES_S_PER_GPU, commits_s=gpus * COMMITS_S_PER_GPU,
-                  heartbeats_s=gpus / 5 + procs / 5)
+    timings = read_timings(timing, t0, t1)
+    table.fill(timings, sampler.samples, cores, t1 - t0, pool=farm.pool_size)
+    table.targets(commits_s=gpus * COMMITS_S_PER_GPU, heartbeats_s=gpus / 5 + procs / 5)
+    table.engines(timings.get(SEQUENCE, []), samples_s=gpus * SAMPLES_S_PER_GPU,
+                  tok_s=gpus * SAMPLES_S_PER_GPU * MEAN_TOKENS)
     table.note(f"heartbeats: {gpus} played statements / 5 s over 122 held batches each, plus the {procs} "
-               "workers' own over their (4/GPU) held sets")
+               f"workers' own over their (4/GPU) held sets; {beats.words()}")
     return table
 
 
 def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
-    run_id, batch_ids = farm_ledger.write_run(farm, "farm-ledger-only", args.samples)
+    run_id, batch_ids = farm_ledger.write_run(farm, "farm-ledger-only", args.ledger_samples or args.samples)
     commits_s = gpus * COMMITS_S_PER_GPU
     table = Table(f"{gpus:,} simulated GPUs, ledger only: the real ledger calls at the farm's rates from threads "
                   f"through PgBouncer; {args.measure_s:.0f} s", gpus=gpus)
-    with PlayedHeartbeats(farm, gpus):
+    with PlayedHeartbeats(farm, gpus) as beats:
         cpu = Cpu(farm)
         start = time.time()
         with Sampler(farm) as sampler:
@@ -185,14 +212,16 @@ def ledger_only(farm: Farm, args, gpus: int, timing: Path) -> Table:
     ledger_timing.flush()
     t0 = start + farm_ledger.HOLD_S  # commits start one hold after the claims
     table.fill(read_timings(timing, t0, t1), sampler.samples, cores, t1 - t0, pool=farm.pool_size)
-    table.targets(samples_s=gpus * SAMPLES_S_PER_GPU, commits_s=commits_s, heartbeats_s=gpus / 5)
-    table.note(f"played: {load.claims:,} claims, {load.commits:,} commits, {load.passes} reconciler passes and "
-               f"{load.offers:,} offers, {load.errors} errors; 48 client connections stand for {gpus:,} "
-               f"processes' {4 * gpus:,}")
-    burst = farm_ledger.burst(farm, run_id, batch_ids, "farm-ledger-only", first=load.claims + 1000, seconds=10)
-    table.burst_commits_s = burst
-    table.note(f"burst, one run, 32 threads claiming and committing as fast as they go: {burst:,.0f} commits/s "
-               "(the 2 cores' limit, not a lock's: bench/ledger_commits.py compares one run with many)")
+    table.targets(commits_s=commits_s, heartbeats_s=gpus / 5)
+    table.note(f"played: {load.words()}; 48 client connections stand for {gpus:,} processes' {4 * gpus:,}")
+    table.note(f"heartbeats: {beats.words()}")
+    cpu = Cpu(farm)
+    with Sampler(farm, interval_s=0.25) as sampler:
+        commits, seconds = farm_ledger.burst(farm, run_id, batch_ids, "farm-ledger-only", seconds=10)
+    table.burst = Burst(commits, seconds, machine_busy=cpu.cores()["machine"] / (os.cpu_count() or 1),
+                        lock_share=sampler.samples.lock_share(), samples=len(sampler.samples.active_backends))
+    table.note(f"burst, one run, 32 threads taking deliveries, claiming and committing as fast as they go: "
+               f"{table.burst.words()} (bench/ledger_commits.py compares one run with many)")
     return table
 
 
@@ -221,7 +250,8 @@ def tail(farm: Farm, args, queue: str, run_id: int, timing: Path) -> Table:
         workers.stop()
     figures = run_figures(farm, run_id)
     table.fill(read_timings(timing, t0, t1), sampler.samples, cores, t1 - t0, pool=farm.pool_size)
-    table.tail(figures, samples=args.samples, gpus=gpus, time_factor=f, timed_out=done < total)
+    ends = [e for e in read_ends(timing) if e[0] >= t0]  # the tail's workers' answers alone
+    table.tail(figures, ends, samples=args.samples, gpus=gpus, time_factor=f, timed_out=done < total)
     return table
 
 
@@ -233,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", default="8,64,1000", help="simulated farm sizes, comma-separated")
     p.add_argument("--samples", type=int, default=914_000, help="samples of each run")
+    p.add_argument("--ledger-samples", type=int, default=0,
+                   help="samples of the ledger-only run (default --samples): written straight into the ledger, "
+                        "so a large one costs no submit; 914,000 keeps batches planned beyond the queue's window")
     p.add_argument("--procs", type=int, default=16, help="worker processes at most in a rate window")
     p.add_argument("--warm-s", type=float, default=60.0, help="the most a rate window waits for steady commits")
     p.add_argument("--measure-s", type=float, default=45.0)
@@ -242,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-seqs", type=int, default=H200_SEQS,
                    help="sequences per GPU in the tail phase (a scale model: see the docstring)")
     p.add_argument("--pool-size", type=int, default=POOL_SIZE, help="PgBouncer's server connections")
-    p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
+    p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN),
+                   help="a Postgres the bench may create its scratch database on; 'local': the one on "
+                        "127.0.0.1:5432 if it answers, else an embedded one of the bench's own (a machine "
+                        "with none, such as the lent GPU machine)")
     args = p.parse_args(argv)
     sizes = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
     if any(g < 1 for g in sizes) or args.samples < 64:
@@ -250,6 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM as Ctrl-C: the blocks below stop the workers, PgBouncer, moto, and drop the database.
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"# python -m bench.farm {shlex.join(sys.argv[1:] if argv is None else argv)}", flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.admin_dsn == "local":
+            pg_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="regen-farm-pg-"))
+            args.admin_dsn, _ = stack.enter_context(local_postgres(Path(pg_dir)))
+        tables = _run(args, sizes)
+    print(summary(tables), flush=True)
+    return 0
+
+
+def _run(args, sizes: list[int]) -> list[Table]:
     tables: list[Table] = []
     with farm_services(admin_dsn=args.admin_dsn, pool_size=args.pool_size) as farm, \
             tempfile.TemporaryDirectory(prefix="regen-farm-data-") as data:
@@ -271,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpus >= 1000:
                 tables.append(ledger_only(farm, args, gpus, timing))
                 print(tables[-1].render(), flush=True)
-    print(summary(tables), flush=True)
-    return 0
+    return tables
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ from ledger.objects import ObjectStore
 from producer.run_config import RunConfig
 from producer.submit import submit_run
 from worker.batches.ledger_calls import heartbeat
+from worker.process import reaper
+from worker.process.orphans import LAUNCHER_PID_ENV, die_with_parent
+from worker.process.reaper import TAG_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The issue's load per GPU: ~10K output tok/s of 1,500-token samples = 6.7 samples/s, 0.10 commits/s.
@@ -88,7 +91,11 @@ def fake_spec(gpus: int, seqs: int, time_factor: float) -> str:
 
 @dataclass
 class Workers:
+    """The bench's worker processes, each in a session of its own that the farm's reaper watches."""
+
+    farm: Farm
     procs: list[subprocess.Popen]
+    tags: list[str]
     logs: list[Path]
 
     def cpu_s(self) -> float:
@@ -106,33 +113,55 @@ class Workers:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for p in self.procs:
+        for p, tag in zip(self.procs, self.tags, strict=True):
             try:
                 p.wait(max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+            # As the launcher does when a child exits: the rest of its session and its tag, then unwatched.
+            reaper.kill(tag, {p.pid})
+            self.farm.reaper.forget(p.pid)
 
 
 def start_workers(farm: Farm, *, queue: str, procs: int, gpus_each: int, seqs: int, time_factor: float,
                   timing_dir: str, tag: str) -> Workers:
+    """``procs`` worker processes, supervised as ``regen worker``'s launcher supervises its children.
+
+    Each is started in a new session with PR_SET_PDEATHSIG (SIGTERM: it hands its batches back
+    when the bench dies), names the bench as its launcher (worker/process/consumer.py stops when
+    that pid is no longer its parent: the instant between fork and prctl), carries the reaper's
+    tag and is told to the reaper, which stops whatever of its session is left should the bench
+    die by SIGKILL.
+    """
     env = farm.env(timing_dir)
     spec = fake_spec(gpus_each, seqs, time_factor)
-    started, logs = [], []
+    workers = Workers(farm, [], [], [])
     for k in range(procs):
         log = Path(farm.scratch.workdir) / f"{tag}-{k}.log"
+        child_tag = f"{farm.launch_id}/{tag}{k}"
         with open(log, "wb") as out:
-            started.append(subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.process.consumer", "--name", f"{tag}{k}@farm", "--queues", queue,
                  "--fake-engine", spec, "--loglevel", "WARNING"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
-        logs.append(log)
-    return Workers(started, logs)
+                env={**env, TAG_ENV: child_tag, LAUNCHER_PID_ENV: str(os.getpid())}, stdout=out,
+                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent)
+        farm.reaper.watch(proc.pid)  # its session id
+        workers.procs.append(proc)
+        workers.tags.append(child_tag)
+        workers.logs.append(log)
+    return workers
 
 
 class PlayedHeartbeats:
     """``processes`` GPU processes' heartbeats, each every 5 s over its own ``held`` running batches,
-    through the real ``worker.batches.ledger_calls.heartbeat``: the rows are a run of their own (farm_played.sql)."""
+    through the real ``worker.batches.ledger_calls.heartbeat``: the rows are a run of their own (farm_played.sql).
+
+    As with a worker's heartbeat thread, a process beats again only once its last beat has returned:
+    a beat due while the last one waits is skipped and counted late (never queued up behind it). A
+    ledger that falls behind then shows as late beats and, past the lease, as batches the reconciler
+    expired (``lost``, each dropped from its set as a worker drops it), as it would on a farm.
+    """
 
     def __init__(self, farm: Farm, processes: int, held: int = H200_HELD, threads: int = 16):
         self.processes, self.held = processes, held
@@ -140,7 +169,10 @@ class PlayedHeartbeats:
         self.sessions = make_sessionmaker(self.engine)
         self.threads = threads
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._beating: set[int] = set()
         self.sent = 0
+        self.late = 0
         self.lost = 0
         run_sql, batches_sql = PLAYED_SQL.read_text().split(";\n", 1)
         with self.sessions.begin() as s:
@@ -157,23 +189,43 @@ class PlayedHeartbeats:
                 delay = due - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                held = self.sets[k % self.processes]
-                pool.submit(self._beat, held)
+                process = k % self.processes
                 k += 1
+                with self._lock:
+                    if process in self._beating:
+                        self.late += 1
+                        continue
+                    self._beating.add(process)
+                pool.submit(self._beat, process)
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _beat(self, held: dict[int, int]) -> None:
-        lost = heartbeat(self.sessions, held)
-        self.sent += 1
-        self.lost += len(lost)
+    def _beat(self, process: int) -> None:
+        held = self.sets[process]
+        try:
+            lost = heartbeat(self.sessions, held)
+            for batch in lost:
+                held.pop(batch, None)
+        finally:
+            with self._lock:
+                self._beating.discard(process)
+        with self._lock:
+            self.sent += 1
+            self.lost += len(lost)
+
+    def words(self) -> str:
+        return (f"{self.sent:,} played heartbeat statements, {self.late:,} due while the process's last one had not "
+                f"returned (late), {self.lost:,} batches found no longer held (lease expired)")
 
     def __enter__(self) -> PlayedHeartbeats:
+        self._thread = threading.Thread(target=self._loop, name="played-heartbeats", daemon=True)
         if self.processes:
-            threading.Thread(target=self._loop, name="played-heartbeats", daemon=True).start()
+            self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        time.sleep(0.5)
+        if self._thread.is_alive():
+            self._thread.join(60)  # the beats under way return; none waits to start
         with self.sessions.begin() as s:
             # Gone, not left to expire: the reconciler would republish them as lost leases.
             s.execute(text("DELETE FROM runs WHERE id = :r"), {"r": self.run_id})

@@ -1,7 +1,9 @@
 """bench/farm.py's smallest configuration end to end: 8 simulated GPUs' worker processes through a real
-PgBouncer, moto and a Redis of its own, for a few seconds; its table must show the calls it timed.
+PgBouncer, moto and a Redis of its own, for a few seconds; its table must show the calls it timed, the
+answers that ended in its window, and no p99 it cannot have. And a bench killed with SIGKILL while its
+workers hold batches leaves no process behind.
 
-~45 s on 2 cores. Skipped without the pgbouncer binary, failed under CI (as tests/fixtures/pgbouncer.py).
+~45 s each on 2 cores. Skipped without the pgbouncer binary, failed under CI (as tests/fixtures/pgbouncer.py).
 """
 
 from __future__ import annotations
@@ -9,26 +11,104 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
+import psutil
+import psycopg
 import pytest
 
 from bench import farm
+from tests.support.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_farm_bench_times_the_ledger_calls_of_eight_simulated_gpus(pg_server, capsys):
+@pytest.fixture
+def pgbouncer_binary() -> None:
     if not (shutil.which("pgbouncer") or os.access("/usr/sbin/pgbouncer", os.X_OK)):
         if os.environ.get("CI"):
             pytest.fail("CI must provide pgbouncer (.ci/run installs it)", pytrace=False)
         pytest.skip("the pgbouncer binary is not installed (apt-get install pgbouncer)")
+
+
+def test_the_farm_bench_times_the_ledger_calls_of_eight_simulated_gpus(pg_server, pgbouncer_binary, capsys):
     assert farm.main(["--gpus", "8", "--samples", "3200", "--warm-s", "25", "--measure-s", "10",
                       "--admin-dsn", pg_server.admin_dsn, "--pool-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "== 8 simulated GPUs, full path: 8 worker processes x 1 GPUs" in out, out
-    commits = float(re.search(r"commits/s ([\d.]+) of a target", out).group(1))
+    commits = float(re.search(r"commits ([\d.]+)/s of the farm's", out).group(1))
     assert commits > 0, out
-    timed = {m.group(1) for m in re.finditer(r"^(claim|heartbeat|commit|gate)\s+\d", out, re.MULTILINE)}
-    assert timed == {"claim", "heartbeat", "commit", "gate"}, out
+    # Throughput from the answers that ended in the window, never above what the engines can make
+    # (but for the answers in progress at the window's start: a few percent).
+    ended, tok_share = re.search(r"answers ended in the window: ([\d,]+) = .* \((\d+)%\)$", out, re.MULTILINE).groups()
+    assert int(ended.replace(",", "")) > 0 and int(tok_share) <= 110, out
+    rows = {m.group(1): m for m in re.finditer(r"^(claim|heartbeat|commit|gate)\s+([\d,]+)\s+[\d.]+\s+[\d.]+\s+"
+                                                r"(max of \d+|[\d.]+)\s", out, re.MULTILINE)}
+    assert set(rows) == {"claim", "heartbeat", "commit", "gate"}, out
+    for m in rows.values():  # a 10-s window has far fewer than 200 calls of a kind: no p99, the max of n
+        assert m.group(3) == f"max of {int(m.group(2).replace(',', ''))}", out
     # PgBouncer held the ledger to its pool, however many clients the 8 processes opened.
     server = int(re.search(r"server peak (\d+) \(PgBouncer pool 4\)", out).group(1))
     assert 1 <= server <= 4, out
     assert "== summary" in out
+
+
+def _alive(pids: set[int]) -> list[str]:
+    """Those of ``pids`` still running (a zombie is dead: only its entry waits for a parent's wait)."""
+    left = []
+    for pid in sorted(pids):
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(p.cmdline())[:100]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _running_batches(admin_dsn: str) -> int:
+    """Batches held by the farm's workers, in the bench's scratch ledger (the session's Postgres: only ours)."""
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as admin:
+        names = [r[0] for r in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'regen_farm_%'")]
+    held = 0
+    for name in names:
+        dsn = re.sub(r"/[^/?]*(\?|$)", f"/{name}\\1", admin_dsn, count=1)
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                held += conn.execute("SELECT count(*) FROM batches b JOIN runs r ON r.id = b.run_id "
+                                     "WHERE b.status = 'running' AND r.name = 'farm-window'").fetchone()[0]
+        except psycopg.Error:
+            pass  # being created or dropped
+    return held
+
+
+def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer_binary, tmp_path):
+    log = open(tmp_path / "bench.log", "wb")
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "bench.farm", "--gpus", "8", "--samples", "3200", "--warm-s", "120", "--measure-s",
+         "120", "--admin-dsn", pg_server.admin_dsn, "--pool-size", "4"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # The premise: the kill lands while the 8 workers run and hold batches, beside PgBouncer,
+        # moto, Redis and the reaper (12 processes at least).
+        wait_for(lambda: _running_batches(pg_server.admin_dsn) > 0, timeout_s=240, interval_s=1.0,
+                 what="the farm's workers holding batches",
+                 on_timeout=lambda: (tmp_path / "bench.log").read_text(errors="replace")[-3000:])
+        started = psutil.Process(bench.pid).children(recursive=True)
+        services = ("moto", "redis-server", "pgbouncer", "worker.process.reaper")
+        workers = [p for p in started if p.ppid() == bench.pid and not any(s in " ".join(p.cmdline()) for s in services)]
+        assert len(started) >= 12 and len(workers) >= 8, [f"{p.pid} {p.cmdline()[:4]}" for p in started]
+        pids = {p.pid for p in started}
+        bench.send_signal(signal.SIGKILL)
+        bench.wait(10)
+        # The reaper's bound is ~20 s (worker/process/reaper.py); the wait gives a loaded machine room.
+        wait_for(lambda: not _alive(pids), timeout_s=90, interval_s=0.5, what="every process of the bench gone",
+                 on_timeout=lambda: "\n".join(_alive(pids)))
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        log.close()

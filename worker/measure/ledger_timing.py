@@ -12,7 +12,10 @@ transaction, the pool wait and retries included) is also what a slow ledger cost
 
 Kinds: ``claim``, ``heartbeat``, ``commit``, ``release``, ``fail`` (worker/batches/ledger_calls.py),
 ``gate`` (the due check after every commit), ``gate_pass`` (an evaluation), ``reconcile_offer``
-(another worker's pass was recent or running), ``reconcile_pass``.
+(another worker's pass was recent or running), ``reconcile_pass``. And one that is not a
+duration: ``sequence`` (worker/engine/fake.py), one per answer the fake engine ended, its
+``ms`` field holding the answer's tokens, so that the bench counts the samples and tokens that
+ended inside its window (a commit's time would credit work done before it).
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ class Recorder:
         self._pending: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
 
     def add(self, kind: str, seconds: float) -> None:
+        self.add_value(kind, seconds * 1000)
+
+    def add_value(self, kind: str, value: float) -> None:
         with self._lock:
             t, ms = self._pending[kind]
             t.append(round(time.time(), 3))
-            ms.append(round(seconds * 1000, 3))
+            ms.append(round(value, 3))
 
     def flush(self) -> None:
         with self._lock:
@@ -95,6 +101,16 @@ def install_from_env() -> Recorder | None:
 def record(kind: str, seconds: float) -> None:
     if _recorder is not None:
         _recorder.add(kind, seconds)
+
+
+#: The kind whose values are an ended answer's tokens, not milliseconds.
+SEQUENCE = "sequence"
+
+
+def record_sequence(tokens: int) -> None:
+    """An answer of ``tokens`` tokens ended now (the fake engine's; read by bench/farm.py)."""
+    if _recorder is not None:
+        _recorder.add_value(SEQUENCE, tokens)
 
 
 def timed(kind: str) -> Callable[[F], F]:
