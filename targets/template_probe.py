@@ -100,7 +100,7 @@ def _tool_format(rendered: str) -> tuple[str, str] | None:
     """(family, tool parser) from the text around the probe call's name, after the tool list."""
     # Formats whose call is recognised by its own markers (the name may not be written: Kimi writes the id).
     if "<|tool_calls_section_begin|>" in rendered and f"<|tool_call_begin|>{_CALL_ID}" in rendered:
-        return "kimi_k2", "kimi_k2"               # Kimi-K2: <|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
+        return "kimi", "kimi_k2"                  # Kimi-K2: <|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
     if f"[TOOL_CALLS] [{{\"name\": \"{_NAME}\"" in rendered or f"[TOOL_CALLS]{_NAME}[" in rendered:
         return "mistral", "mistral"               # Mistral: JSON list (v3-v7) or NAME[ARGS]/[CALL_ID] (v11+)
     # The tool list (system prompt) also names the tool: read the last occurrence, the call.
@@ -128,7 +128,7 @@ def _family_of_prompt(prompt: str) -> str | None:
     """The family from the generation prompt alone (a template that renders no call)."""
     tail = prompt[-60:]
     for marker, family in (("<｜Assistant｜>", "deepseek"), ("<|assistant|>", "glm45"),
-                           ("<|im_assistant|>assistant<|im_middle|>", "kimi_k2"), ("[/INST]", "mistral"),
+                           ("<|im_assistant|>assistant<|im_middle|>", "kimi"), ("[/INST]", "mistral"),
                            ("<|im_start|>assistant", "qwen3"), ("<|start_header_id|>assistant", "llama3")):
         if marker in tail:
             return family
@@ -147,7 +147,7 @@ def prompt_thought(prompt: str) -> str | None:
 
 #: The reasoning parser of a thinking family: (switchable, always thinking).
 _REASONING = {"deepseek": ("deepseek_v3", "deepseek_r1"), "glm45": ("glm45", "glm45"), "qwen3": ("qwen3", "qwen3"),
-              "kimi_k2": ("kimi_k2", "kimi_k2"), "mistral": ("mistral", "mistral")}
+              "kimi": ("kimi_k2", "kimi_k2"), "mistral": ("mistral", "mistral")}
 
 
 def probe_template(template: str) -> TemplateFormat | None:
@@ -182,6 +182,20 @@ def probe_template(template: str) -> TemplateFormat | None:
         reasoning = None if pair is None else pair[0] if thinking == "switch" else pair[1]
     return TemplateFormat(family=family, reasoning=reasoning, tool=call[1] if call else None,
                           thinking_arg=arg, thinking=thinking, call_arguments=call_arguments)
+
+
+def thinking_switch(template: str) -> str | None:
+    """The chat-template argument that changes the generation prompt when set on and off; None when none does
+    (also when the template cannot render a plain chat). For a template of no family regen knows."""
+    user = [{"role": "user", "content": "Hello"}]
+    for arg in THINKING_ARGS:
+        try:
+            if _render(template, user, generation=True, **{arg: True}) != \
+                    _render(template, user, generation=True, **{arg: False}):
+                return arg
+        except Exception:  # noqa: BLE001 - a template that raises for this argument has no such switch
+            continue
+    return None
 
 
 def as_template_takes(messages: list[dict], call_arguments: str) -> list[dict]:

@@ -236,8 +236,7 @@ class VllmTurnParser:
                                  unterminated=finish_reason == "length")
         calls, errors = [], []
         # Ids the model wrote inside its calls, in order (vLLM's mistral parser draws others at random).
-        written = [i for i in _WRITTEN_ID.findall(content) if is_valid(i, self.call_id_rule)] \
-            if self.call_id_rule else []
+        written = _WRITTEN_ID.findall(content) if self.call_id_rule else []
         for index, call in enumerate(info.tool_calls):
             name, raw_args = call.function.name, call.function.arguments
             try:
@@ -249,8 +248,8 @@ class VllmTurnParser:
                 continue
             # An id the model wrote is part of its text; one vLLM drew at random is not.
             call_id = call.id if call.id and call.id in content else f"call_{turn}_{len(calls)}"
-            if self.call_id_rule and len(calls) < len(written):
-                call_id = written[len(calls)]
+            if index < len(written) and is_valid(written[index], self.call_id_rule):
+                call_id = written[index]
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         return ToolCallParse(content=(info.content or "").strip(), tool_calls=calls, errors=errors,
                              unterminated=finish_reason == "length")
