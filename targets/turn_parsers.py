@@ -55,7 +55,8 @@ _REGEN_REASONING = {None, "qwen3"}
 _REGEN_TOOL = {None, "hermes", "qwen3_coder", "qwen3_xml", "qwen3_json"}
 #: Where a call starts, per tool parser whose class does not say it (``tool_call_start_token``).
 _CALL_MARKERS = {"llama3_json": ("<|python_tag|>", "{"), "llama4_json": ("<|python_tag|>", "{"),
-                 "mistral": ("[TOOL_CALLS]",), "pythonic": ("[",), "llama4_pythonic": ("[",)}
+                 "mistral": ("[TOOL_CALLS]",), "kimi_k2": ("<|tool_calls_section_begin|>",),
+                 "pythonic": ("[",), "llama4_pythonic": ("[",)}
 
 
 class ParserUnavailable(RegenError):
