@@ -21,6 +21,7 @@ with empty special tokens: the wire format is in the template's text, not the to
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +102,7 @@ def _tool_format(rendered: str) -> tuple[str, str] | None:
     # Formats whose call is recognised by its own markers (the name may not be written: Kimi writes the id).
     if "<|tool_calls_section_begin|>" in rendered and f"<|tool_call_begin|>{_CALL_ID}" in rendered:
         return "kimi", "kimi_k2"                  # Kimi-K2: <|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
-    if f"[TOOL_CALLS] [{{\"name\": \"{_NAME}\"" in rendered or f"[TOOL_CALLS]{_NAME}[" in rendered:
+    if re.search(r'\[TOOL_CALLS\]\s*\[\{"name":\s*"' + _NAME, rendered) or f"[TOOL_CALLS]{_NAME}[" in rendered:
         return "mistral", "mistral"               # Mistral: JSON list (v3-v7) or NAME[ARGS]/[CALL_ID] (v11+)
     # The tool list (system prompt) also names the tool: read the last occurrence, the call.
     at = rendered.rfind(_NAME)

@@ -117,3 +117,20 @@ def test_mistral_common_refuses_the_ids_regen_used_to_write_and_takes_regens_own
     good = conversation("sunny")
     good[2]["tool_calls"][0]["id"] = good[3]["tool_call_id"] = derived_id("sample-1", 0, 0)
     assert tokenizer.encode_chat_completion(ChatCompletionRequest(messages=good, tools=TOOLS)).tokens
+
+
+@pytest.mark.parametrize("version", ["v3", "v7", "v11", "v13"])
+def test_every_template_mistral_common_generates_is_placed_as_mistral_by_rendering(version):
+    """JSON-list calls (v3-v7, with or without a space), NAME[CALL_ID]ID[ARGS] (v11) and NAME[ARGS] (v13)."""
+    from mistral_common.integrations.chat_templates.chat_templates import generate_chat_template
+    from mistral_common.tokens.tokenizers.base import TokenizerVersion
+
+    from targets.template_probe import probe_template
+
+    template = generate_chat_template(
+        spm=False, tokenizer_version=TokenizerVersion(version), image_support=False, audio_support=False,
+        thinking_support=False, default_system_prompt=None, plain_thinking_support=False,
+        use_special_token_variables=True, model_settings_fields=None, reasoning_effort_values=None,
+        reasoning_effort_default=None)
+    found = probe_template(template)
+    assert (found.family, found.reasoning, found.tool, found.thinking) == ("mistral", None, "mistral", "never")
