@@ -16,7 +16,7 @@ from ledger.errors import ConfigError
 from ledger.hashing import config_hash
 from ledger.model_path import resolve_model
 from targets.parser_choice import AUTO, ParserChoice, chat_template_of, choose_parsers
-from targets.template_probe import TemplateFormat, probe_template
+from targets.template_probe import THINKING_ARGS, TemplateFormat, probe_template, thinking_switch
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -89,7 +89,8 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
     if thinking is not None and thinking not in THINKING_MODES:
         raise ConfigError(f"--thinking must be one of {', '.join(THINKING_MODES)}")
     resolved = resolve_model(model)
-    template_format, thinking_arg = _template_format(resolved)
+    parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
+    template_format, thinking_arg = _template_format(resolved, parsers)
     thinking = _thinking_mode(resolved, thinking, template_format)
     if thinking == "mix":
         share = 0.5 if thinking_off_share is None else thinking_off_share
@@ -103,21 +104,31 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
             sampling[key] = value
     if sampling["temperature"] < 0 or not 0 < sampling["top_p"] <= 1:
         raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
-    parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
                      model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg)
 
 
-def _template_format(model: str) -> tuple[TemplateFormat | None, str]:
-    """What the model's template renders, and its thinking argument as recorded (AUTO: the workers find it)."""
+def _template_format(model: str, parsers: ParserChoice) -> tuple[TemplateFormat | None, str]:
+    """What the model's template renders, and its thinking argument as recorded (AUTO: the workers find it).
+
+    A template of no family regen knows (its parsers named) is rendered too: a thinking mode is accepted only
+    where the template renders it. With an argument that changes its generation prompt, every mode is; without
+    one, only the mode the named parsers read: on with a reasoning parser, off without one.
+    """
     if not Path(model).is_dir():
         return None, AUTO
     template = chat_template_of(model)
     found = probe_template(template) if template else None
-    if found is None:  # a template of no known format (its parsers named): thinking as transformers names it
-        return None, "enable_thinking"
-    return found, found.thinking_arg or "none"
+    if found is not None:
+        return found, found.thinking_arg or "none"
+    arg = thinking_switch(template) if template else None
+    if arg is not None:
+        thinking = "switch"
+    else:
+        thinking = "always" if parsers.reasoning not in (None, AUTO) else "never"
+    return TemplateFormat(family="unknown", reasoning=parsers.reasoning, tool=parsers.tool, thinking_arg=arg,
+                          thinking=thinking), arg or "none"
 
 
 def _thinking_mode(model: str, asked: str | None, found: TemplateFormat | None) -> str:
@@ -127,8 +138,14 @@ def _thinking_mode(model: str, asked: str | None, found: TemplateFormat | None) 
     if asked is None:
         return "off" if found.thinking == "never" else "on"
     if asked not in found.modes():
-        how = {"always": "always thinks (its generation prompt opens a thought whatever is passed)",
-               "never": "never thinks (no chat-template argument opens a thought)"}[found.thinking]
+        if found.family == "unknown":
+            how = (f"renders the same generation prompt with thinking on and off (no chat-template argument "
+                   f"({', '.join(THINKING_ARGS)}) changes it), so only the mode its reasoning parser "
+                   f"({found.reasoning or 'none'}) reads can run")
+        else:
+            how = {"always": "always thinks (its generation prompt opens a thought whatever is passed, or the "
+                             "model opens it and no chat-template argument closes it)",
+                   "never": "never thinks (no chat-template argument opens a thought)"}[found.thinking]
         raise ConfigError(f"--thinking {asked} cannot be rendered by {model}'s chat template: it {how}; "
                           f"choose --thinking {' or '.join(found.modes())}")
     return asked

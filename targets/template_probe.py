@@ -21,6 +21,7 @@ with empty special tokens: the wire format is in the template's text, not the to
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,11 +67,15 @@ def _render(template: str, messages: list[dict], *, tools: list[dict] | None = N
     return rendered[0]
 
 
+#: The probe call's id: 9 alphanumerics, the one form every template takes (Mistral's refuse any other).
+_CALL_ID = "regen0001"
+
+
 def _call_message(arguments: Any, content: str | None) -> list[dict]:
-    call = {"id": "call_0", "type": "function", "function": {"name": _NAME, "arguments": arguments}}
+    call = {"id": _CALL_ID, "type": "function", "function": {"name": _NAME, "arguments": arguments}}
     return [{"role": "user", "content": "Where is Zzyzx?"},
             {"role": "assistant", "content": content, "reasoning_content": _THOUGHT, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "name": _NAME, "content": "regen probe result"}]
+            {"role": "tool", "tool_call_id": _CALL_ID, "name": _NAME, "content": "regen probe result"}]
 
 
 #: The forms a call is tried in: arguments as a dict (transformers' convention) or a JSON string (DeepSeek's
@@ -94,6 +99,11 @@ def _rendered_call(template: str) -> tuple[str, str]:
 
 def _tool_format(rendered: str) -> tuple[str, str] | None:
     """(family, tool parser) from the text around the probe call's name, after the tool list."""
+    # Formats whose call is recognised by its own markers (the name may not be written: Kimi writes the id).
+    if "<|tool_calls_section_begin|>" in rendered and f"<|tool_call_begin|>{_CALL_ID}" in rendered:
+        return "kimi", "kimi_k2"                  # Kimi-K2: <|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
+    if re.search(r'\[TOOL_CALLS\]\s*\[\{"name":\s*"' + _NAME, rendered) or f"[TOOL_CALLS]{_NAME}[" in rendered:
+        return "mistral", "mistral"               # Mistral: JSON list (v3-v7) or NAME[ARGS]/[CALL_ID] (v11+)
     # The tool list (system prompt) also names the tool: read the last occurrence, the call.
     at = rendered.rfind(_NAME)
     if at < 0:
@@ -119,6 +129,7 @@ def _family_of_prompt(prompt: str) -> str | None:
     """The family from the generation prompt alone (a template that renders no call)."""
     tail = prompt[-60:]
     for marker, family in (("<｜Assistant｜>", "deepseek"), ("<|assistant|>", "glm45"),
+                           ("<|im_assistant|>assistant<|im_middle|>", "kimi"), ("[/INST]", "mistral"),
                            ("<|im_start|>assistant", "qwen3"), ("<|start_header_id|>assistant", "llama3")):
         if marker in tail:
             return family
@@ -136,7 +147,8 @@ def prompt_thought(prompt: str) -> str | None:
 
 
 #: The reasoning parser of a thinking family: (switchable, always thinking).
-_REASONING = {"deepseek": ("deepseek_v3", "deepseek_r1"), "glm45": ("glm45", "glm45"), "qwen3": ("qwen3", "qwen3")}
+_REASONING = {"deepseek": ("deepseek_v3", "deepseek_r1"), "glm45": ("glm45", "glm45"), "qwen3": ("qwen3", "qwen3"),
+              "kimi": ("kimi_k2", "kimi_k2"), "mistral": ("mistral", "mistral")}
 
 
 def probe_template(template: str) -> TemplateFormat | None:
@@ -159,8 +171,10 @@ def probe_template(template: str) -> TemplateFormat | None:
     thinks = thought_rendered or any(prompt_thought(p) for p in prompts)
     if arg is not None and thinks:
         thinking = "switch"
-    elif thinks and prompt_thought(plain) == "opened":
-        thinking = "always"
+    elif thinks and (prompt_thought(plain) == "opened" or thought_rendered):
+        # The prompt opens the thought (R1), or the model opens it itself after a prompt that
+        # leaves it free, as the template renders its turns (Kimi-K2-Thinking): nothing turns it off.
+        thinking, arg = "always", None
     else:
         thinking, arg = "never", None
     reasoning = None
@@ -169,6 +183,20 @@ def probe_template(template: str) -> TemplateFormat | None:
         reasoning = None if pair is None else pair[0] if thinking == "switch" else pair[1]
     return TemplateFormat(family=family, reasoning=reasoning, tool=call[1] if call else None,
                           thinking_arg=arg, thinking=thinking, call_arguments=call_arguments)
+
+
+def thinking_switch(template: str) -> str | None:
+    """The chat-template argument that changes the generation prompt when set on and off; None when none does
+    (also when the template cannot render a plain chat). For a template of no family regen knows."""
+    user = [{"role": "user", "content": "Hello"}]
+    for arg in THINKING_ARGS:
+        try:
+            if _render(template, user, generation=True, **{arg: True}) != \
+                    _render(template, user, generation=True, **{arg: False}):
+                return arg
+        except Exception:  # noqa: BLE001 - a template that raises for this argument has no such switch
+            continue
+    return None
 
 
 def as_template_takes(messages: list[dict], call_arguments: str) -> list[dict]:

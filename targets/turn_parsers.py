@@ -18,8 +18,12 @@ same for every family:
   dropped: vLLM's parsers return such text as plain content;
 * arguments are JSON objects (templates render dicts); a string that is not one is an
   error of that call;
-* call ids come from the text when the format writes them (Kimi's ``functions.x:0``),
-  else regen's deterministic ``call_<turn>_<n>`` (vLLM draws random ones).
+* call ids come from the text when the format writes them (Kimi's ``functions.x:0``, an
+  ``"id"`` in Mistral's JSON calls), else regen's deterministic ``call_<turn>_<n>`` (vLLM
+  draws random ones), which dialogue.py replaces where the template demands another form
+  (Mistral's 9 alphanumerics, targets/call_ids.py);
+* a parser that raises is named in a ``ParserFailed``: that sample fails (``parser_error``),
+  never the batch.
 
 The text handed to vLLM's parsers is decoded from the engine's ids with special
 tokens kept (as ``vllm serve`` does for tool parsers that read them), minus the
@@ -31,10 +35,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledger.errors import RegenError
+from targets.call_ids import id_rule, is_valid
 from targets.parsing import ReasoningSplit, ToolCallParse, parse_tool_calls, split_reasoning
 from targets.template_probe import prompt_thought
 
@@ -49,11 +55,20 @@ _REGEN_REASONING = {None, "qwen3"}
 _REGEN_TOOL = {None, "hermes", "qwen3_coder", "qwen3_xml", "qwen3_json"}
 #: Where a call starts, per tool parser whose class does not say it (``tool_call_start_token``).
 _CALL_MARKERS = {"llama3_json": ("<|python_tag|>", "{"), "llama4_json": ("<|python_tag|>", "{"),
-                 "mistral": ("[TOOL_CALLS]",), "pythonic": ("[",), "llama4_pythonic": ("[",)}
+                 "mistral": ("[TOOL_CALLS]",), "kimi_k2": ("<|tool_calls_section_begin|>",),
+                 "pythonic": ("[",), "llama4_pythonic": ("[",)}
 
 
 class ParserUnavailable(RegenError):
     """The run names a parser this worker's vLLM does not have: every batch of the run would be misread."""
+
+
+class ParserFailed(RegenError):
+    """A parser raised on one turn's text: that sample's failure (``parser_error``), not the batch's."""
+
+
+#: An id written inside a JSON call (Mistral's pre-v11 ``[TOOL_CALLS] [{..., "id": "..."}]``).
+_WRITTEN_ID = re.compile(r'"id"\s*:\s*"([^"]*)"')
 
 
 class TurnParser(Protocol):
@@ -128,6 +143,8 @@ class VllmTurnParser:
         self._reasoning = _reasoning_parser(reasoning, tokenizer, thinking_arg) if reasoning else None
         self._tool = tool_parser_class(tool)(tokenizer) if tool else None
         self.description = {"reasoning": reasoning, "tool": tool, "by": f"vllm {vllm.__version__}"}
+        #: The ids the template demands (targets/call_ids.py); dialogue.py replaces the ones that break it.
+        self.call_id_rule = id_rule(tool)
         self._markers = _Markers(
             think_start=_first_str(self._reasoning, "reasoning_start_str", "start_token", "think_start_token"),
             think_end=_first_str(self._reasoning, "reasoning_end_str", "end_token", "think_end_token"),
@@ -191,7 +208,11 @@ class VllmTurnParser:
                 # A second thought or a stray tag: vLLM's parsers tidy such text up, but the next
                 # turn must see what the model wrote, so it is kept as generated and flagged.
                 return ReasoningSplit(thought.strip(_TEMPLATE_WS), tail.strip(_TEMPLATE_WS), False, False)
-        reasoning, content = _extract_reasoning(self._reasoning, text, request)
+        try:
+            reasoning, content = _extract_reasoning(self._reasoning, text, request)
+        except Exception as e:  # noqa: BLE001 - named here, recorded as this sample's parser_error
+            raise ParserFailed(f"reasoning parser {self.description['reasoning']!r} raised "
+                               f"{type(e).__name__}: {e}") from e
         reasoning = (reasoning or "").strip(_TEMPLATE_WS)
         content = (content or "").strip(_TEMPLATE_WS)
         return ReasoningSplit(reasoning, content, False, not _has(reasoning, start, None) and not _has(content, start, end))
@@ -215,6 +236,8 @@ class VllmTurnParser:
             return ToolCallParse(content=content.strip(), errors=[{"index": 0, "error": why, "raw": content}],
                                  unterminated=finish_reason == "length")
         calls, errors = [], []
+        # Ids the model wrote inside its calls, in order (vLLM's mistral parser draws others at random).
+        written = _WRITTEN_ID.findall(content) if self.call_id_rule else []
         for index, call in enumerate(info.tool_calls):
             name, raw_args = call.function.name, call.function.arguments
             try:
@@ -226,6 +249,8 @@ class VllmTurnParser:
                 continue
             # An id the model wrote is part of its text; one vLLM drew at random is not.
             call_id = call.id if call.id and call.id in content else f"call_{turn}_{len(calls)}"
+            if index < len(written) and is_valid(written[index], self.call_id_rule):
+                call_id = written[index]
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         return ToolCallParse(content=(info.content or "").strip(), tool_calls=calls, errors=errors,
                              unterminated=finish_reason == "length")

@@ -1,4 +1,5 @@
-"""Faithful to targets of other families: Llama-3 JSON calls, DeepSeek-R1 thinking and calls, GLM-4.5 XML arguments.
+"""Faithful to targets of other families: Llama-3 JSON calls, DeepSeek-R1 thinking and calls, GLM-4.5 XML arguments,
+Kimi-K2 thinking and id-headed calls, Mistral JSON calls with 9-alphanumeric ids.
 
 For each family's trained tiny model (worker/tiny/families.py: its own tokens and
 template, trained to emit that family's format), the bundled conversations run
@@ -11,7 +12,8 @@ export loads in SpecForge's and speculators' loaders. Qwen3's suite is test_fide
 
 The same suite runs on real targets' published templates (tests/data/templates) swapped
 into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking mix`` run,
-switched by its ``thinking`` argument), GLM-4.5's (mix too) and Llama 3.1's. R1's published
+switched by its ``thinking`` argument), GLM-4.5's (mix too), Llama 3.1's, Kimi-K2-Thinking's and
+Mistral Small 3.1's (its system prompt carries today's date: prompts are compared on the day they are made). R1's published
 template renders no tool list, the tiny DeepSeek model writes R1's call format, not V3.1's, and
 the tiny Llama model writes no valid call under Llama 3.1's (trained on regen's own), so
 those three templates' calls are tested on completions in their real format instead
@@ -64,6 +66,9 @@ CASES = (
     Case("deepseek_r1", "deepseek_v31.jinja", thinking="mix", parsers=("deepseek_v3", "deepseek_v31"),
          no_calls_because="the tiny model writes R1's call format, not V3.1's"),
     Case("glm45", "glm45.jinja", thinking="mix"),
+    Case("kimi_k2"), Case("mistral"),
+    Case("kimi_k2", "kimi_k2_thinking.jinja"),
+    Case("mistral", "mistral_small31.jinja"),
     Case("llama3", "llama31.jinja", parsers=(None, "llama3_json"),
          no_calls_because="the tiny model was trained on regen's own Llama template; under the published one "
                           "(tools in the first user turn) it wrote no valid call (2026-12-01: 0 calls, "
@@ -241,7 +246,9 @@ def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
             results = [m for m in messages[i + 1:i + 1 + len(message["tool_calls"])] if m["role"] == "tool"]
             if results:
                 assert [r["tool_call_id"] for r in results] == [c["id"] for c in message["tool_calls"]]
-                assert [r["name"] for r in results] == [c["function"]["name"] for c in message["tool_calls"]]
+                # A name only where the source's result has one (an OpenAI request's form), and then the call's.
+                names = [c["function"]["name"] for c in message["tool_calls"]]
+                assert [r.get("name", n) for r, n in zip(results, names, strict=True)] == names
                 spliced += 1
     stops = Counter((row["stop_reason"] or "complete").split(":")[0] for row in rows if row["tools"])
     assert calls >= 3, (calls, stops)

@@ -173,3 +173,109 @@ def test_llama31_never_thinks_and_its_json_calls_are_read_by_llama3_json(llama31
     assert not calls.errors
     split, calls = _parse(llama31, ids, "It is sunny in Paris.", thinking=False, end="<|eot_id|>", tools=WEATHER)
     assert (split.reasoning_content, split.content, calls.tool_calls) == (None, "It is sunny in Paris.", [])
+
+
+@pytest.fixture(scope="module")
+def k2(tiny_family_model):
+    return _renderer(tiny_family_model, "kimi_k2", "kimi_k2_instruct.jinja")
+
+
+@pytest.fixture(scope="module")
+def k2_thinking(tiny_family_model):
+    return _renderer(tiny_family_model, "kimi_k2", "kimi_k2_thinking.jinja")
+
+
+@pytest.fixture(scope="module")
+def mistral31(tiny_family_model):
+    return _renderer(tiny_family_model, "mistral", "mistral_small31.jinja")
+
+
+KIMI_CALL = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+             '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>')
+
+
+def _kimi_history(*, named: bool) -> list[dict]:
+    result = {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"temp": 12}'}
+    return [{"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "functions.get_weather:0", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {**result, "name": "get_weather"} if named else result]
+
+
+def test_kimi_k2_instruct_never_thinks_and_its_calls_are_read_by_kimi_k2(k2):
+    parser = k2.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == (None, "kimi_k2")
+    assert k2.thinking_arg_for(SAMPLING) is None
+    on_ids, on = _prompt(k2, thinking=True, tools=WEATHER)
+    off_ids, _ = _prompt(k2, thinking=False, tools=WEATHER)
+    assert on_ids == off_ids and on.endswith("<|im_assistant|>assistant<|im_middle|>")
+    assert on.startswith("<|im_system|>tool_declare<|im_middle|>")
+    split, calls = _parse(k2, on_ids, "Let me check." + KIMI_CALL, thinking=False, end="<|im_end|>", tools=WEATHER)
+    assert split.reasoning_content is None
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("functions.get_weather:0", "get_weather", {"city": "Paris"})]
+    assert calls.content == "Let me check." and not calls.errors
+
+
+def test_kimi_writes_a_tool_results_name_in_place_of_its_role_so_regen_sends_none(k2):
+    """What regen splices (no name, as the source row has none) is headed ``tool``, as an OpenAI request's is."""
+    _, plain = _prompt(k2, thinking=False, messages=_kimi_history(named=False), tools=WEATHER)
+    _, named = _prompt(k2, thinking=False, messages=_kimi_history(named=True), tools=WEATHER)
+    assert "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0" in plain
+    assert "<|im_system|>get_weather<|im_middle|>## Return of" in named
+
+
+def test_kimi_k2_thinking_always_thinks_and_reads_thought_answer_and_calls(k2_thinking):
+    renderer = k2_thinking
+    parser = renderer.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("kimi_k2", "kimi_k2")
+    assert renderer.thinking_arg_for(SAMPLING) is None
+    ids, text = _prompt(renderer, thinking=True, tools=WEATHER)
+    assert text.endswith("<|im_assistant|>assistant<|im_middle|>")   # the model opens the thought
+    split, calls = _parse(renderer, ids, "<think>Paris, then.</think>" + KIMI_CALL, thinking=True,
+                          end="<|im_end|>", tools=WEATHER)
+    assert split.reasoning_content == "Paris, then."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    split, _ = _parse(renderer, ids, "<think>The user wants Paris.</think>It is sunny.", thinking=True,
+                      end="<|im_end|>")
+    assert (split.reasoning_content, split.content) == ("The user wants Paris.", "It is sunny.")
+    split, _ = _parse(renderer, ids, "<think>Paris is", thinking=True, end=None, finish="length")
+    assert (split.reasoning_content, split.content, split.truncated_in_reasoning) == ("Paris is", "", True)
+    # The template keeps the thought of a tool-calling step and renders the call by its id.
+    history = _kimi_history(named=False)
+    history[1]["reasoning_content"] = "Paris, then."
+    _, text = _prompt(renderer, thinking=True, messages=history, tools=WEATHER)
+    assert "<think>Paris, then.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0" in text
+
+
+def test_mistral_small_never_thinks_and_its_json_calls_are_read_by_mistral_with_nine_character_ids(mistral31):
+    from worker.conversation.dialogue import SampleError
+
+    parser = mistral31.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == (None, "mistral")
+    assert mistral31.thinking_arg_for(SAMPLING) is None
+    ids, text = _prompt(mistral31, thinking=False, tools=WEATHER)
+    assert text.startswith("<s>[SYSTEM_PROMPT]You are a helpful assistant that can call tools.")
+    assert text.endswith("[/AVAILABLE_TOOLS][INST]What is the weather in Paris?[/INST]")
+    # The id the model wrote is kept (9 alphanumerics); without one, dialogue.py gives one (targets/call_ids.py).
+    _, calls = _parse(mistral31, ids, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, '
+                      '"id": "abcDEF123"}]', thinking=False, end="</s>", tools=WEATHER)
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("abcDEF123", "get_weather", {"city": "Paris"})]
+    split, calls = _parse(mistral31, ids, "It is sunny.", thinking=False, end="</s>", tools=WEATHER)
+    assert (split.content, calls.tool_calls) == ("It is sunny.", [])
+    # The next turn renders with a valid id; regen's old call_0_0 was refused by the template.
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "call_0_0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "tool_call_id": "call_0_0", "content": '{"temp": 12}'}]
+    with pytest.raises(SampleError, match="Tool call IDs should be alphanumeric strings"):
+        _prompt(mistral31, thinking=False, messages=history, tools=WEATHER)
+    for message in history[1:]:
+        for call in message.get("tool_calls", []):
+            call["id"] = "abcDEF123"
+    history[2]["tool_call_id"] = "abcDEF123"
+    _, text = _prompt(mistral31, thinking=False, messages=history, tools=WEATHER)
+    assert '"id": "abcDEF123"}]</s>[TOOL_RESULTS] {"content": {"temp": 12}, "call_id": "abcDEF123"}[/TOOL_RESULTS]' in text

@@ -469,3 +469,79 @@ def test_malformed_samples_are_sample_errors(sample):
     with pytest.raises(SampleError) as info:
         run(sample, Engine({0: "x"}))
     assert info.value.reason == "invalid_sample"
+
+
+# --- issue 33: names as the source has them, ids the template demands, parsers that raise --------
+
+
+def test_a_spliced_result_carries_a_name_only_where_the_source_result_has_one():
+    """As an OpenAI request carries tool messages: Kimi's template writes a name in place of the role."""
+    unnamed = {"role": "tool", "content": '{"sky": "sunny"}'}
+    engine = Engine({0: call("get_weather"), 1: "Sunny."})
+    result = run(tool_conversation(["get_weather"], [unnamed]), engine, thinking=False)
+    assert result.messages[2] == {**unnamed, "tool_call_id": "call_0_0"}
+    engine = Engine({0: call("get_weather"), 1: "Sunny."})
+    result = run(tool_conversation(["get_weather"], [WEATHER]), engine, thinking=False)
+    assert result.messages[2] == {**WEATHER, "tool_call_id": "call_0_0"}
+
+
+class AlnumIdParser:
+    """regen's Qwen parser under Mistral's id rule (targets/call_ids.py), as VllmTurnParser(tool="mistral") is."""
+
+    call_id_rule = "alnum9"
+
+    def __init__(self):
+        from targets.turn_parsers import RegenQwenParser
+
+        self._inner = RegenQwenParser()
+        self.description = {"reasoning": None, "tool": "mistral", "by": "test"}
+        self.think_end_id = None
+
+    def thinking_after(self, prompt_ids, thinking):
+        return thinking
+
+    def parse(self, generation, **kwargs):
+        return self._inner.parse(generation, **kwargs)
+
+
+def test_ids_a_template_refuses_become_the_sources_own_where_valid_else_derived_from_sample_turn_and_call():
+    from targets.call_ids import derived_id
+
+    sample = {"sample_id": "s-1", "messages": [
+        USER,
+        {"role": "assistant", "content": "", "tool_calls": [src_call("f", id="abcDEF123"), src_call("g", id="call_x")]},
+        {"role": "tool", "tool_call_id": "abcDEF123", "content": "F"},
+        {"role": "tool", "tool_call_id": "call_x", "content": "G"},
+        {"role": "assistant", "content": "done"},
+    ]}
+    engine = Engine({0: f"{call('g')}\n{call('f')}", 1: "ok"})
+    result = run(sample, engine, thinking=False, parser=AlnumIdParser())
+    ids = [c["id"] for c in result.messages[1]["tool_calls"]]
+    assert ids == [derived_id("s-1", 0, 0), "abcDEF123"]
+    assert all(len(i) == 9 and i.isalnum() for i in ids)
+    assert [(m["tool_call_id"], m["content"]) for m in result.messages[2:4]] == [(ids[0], "G"), (ids[1], "F")]
+    # The same on a retry: nothing random.
+    again = run(sample, Engine({0: f"{call('g')}\n{call('f')}", 1: "ok"}), thinking=False, parser=AlnumIdParser())
+    assert again.messages == result.messages
+
+
+class RaisingParser(AlnumIdParser):
+    def __init__(self, on_turn: int):
+        super().__init__()
+        self.on_turn = on_turn
+        self.description = {"reasoning": "openai_gptoss", "tool": "openai", "by": "vllm test"}
+
+    def parse(self, generation, *, turn, **kwargs):
+        if turn == self.on_turn:
+            raise NotImplementedError("GptOssReasoningParser only provides boundary detection")
+        return super().parse(generation, turn=turn, **kwargs)
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_a_parser_that_raises_fails_that_sample_with_the_parsers_name_and_the_reason(turn):
+    sample = {"messages": [USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}
+    with pytest.raises(SampleError) as caught:
+        run(sample, Engine({0: "4.", 1: "5."}), thinking=False, parser=RaisingParser(turn))
+    assert caught.value.reason == "parser_error" and caught.value.turn == turn
+    assert "reasoning openai_gptoss, tool openai" in caught.value.detail
+    assert "NotImplementedError: GptOssReasoningParser only provides boundary detection" in caught.value.detail

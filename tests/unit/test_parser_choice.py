@@ -30,10 +30,15 @@ TEMPLATES = {
     PUBLISHED / "glm45.jinja": ("glm45", "glm45", "glm45", "enable_thinking", "switch"),
     PUBLISHED / "qwen3.jinja": ("qwen3", "qwen3", "hermes", "enable_thinking", "switch"),
     PUBLISHED / "llama31.jinja": ("llama3", None, "llama3_json", None, "never"),
+    PUBLISHED / "kimi_k2_instruct.jinja": ("kimi", None, "kimi_k2", None, "never"),
+    PUBLISHED / "kimi_k2_thinking.jinja": ("kimi", "kimi_k2", "kimi_k2", None, "always"),
+    PUBLISHED / "mistral_small31.jinja": ("mistral", None, "mistral", None, "never"),
     TEMPLATES_DIR / "deepseek_r1_chat.jinja": ("deepseek", "deepseek_r1", "deepseek_v3", None, "always"),
     TEMPLATES_DIR / "glm45_chat.jinja": ("glm45", "glm45", "glm45", "enable_thinking", "switch"),
     TEMPLATES_DIR / "llama3_chat.jinja": ("llama3", None, "llama3_json", None, "never"),
     TEMPLATES_DIR / "qwen3_chat.jinja": ("qwen3", "qwen3", "hermes", "enable_thinking", "switch"),
+    TEMPLATES_DIR / "kimi_k2_chat.jinja": ("kimi", "kimi_k2", "kimi_k2", None, "always"),
+    TEMPLATES_DIR / "mistral_chat.jinja": ("mistral", None, "mistral", None, "never"),
 }
 
 

@@ -59,3 +59,58 @@ def test_the_thinking_argument_is_no_part_of_the_config_hash(tmp_path):
 
     assert replace(config, thinking_arg="auto").hash == config.hash
     assert replace(config, thinking="off").hash != config.hash
+
+
+@pytest.mark.parametrize(("template", "parsers", "default", "refused"), [
+    ("kimi_k2_thinking.jinja", ("kimi_k2", "kimi_k2"), "on", ("off", "mix")),
+    ("kimi_k2_instruct.jinja", (None, "kimi_k2"), "off", ("on", "mix")),
+    ("mistral_small31.jinja", (None, "mistral"), "off", ("on", "mix")),
+])
+def test_kimi_and_mistral_are_chosen_by_rendering_with_only_the_mode_they_render(tmp_path, template, parsers,
+                                                                                 default, refused):
+    """A plain submit records kimi_k2 / mistral; K2-Thinking always thinks (the model opens the thought and no
+    argument closes it), K2-Instruct and Mistral Small never do."""
+    model = _model(tmp_path, PUBLISHED / template)
+    config = build_run_config(model, max_tokens=8)
+    assert (config.parsers.reasoning, config.parsers.tool) == parsers
+    assert (config.thinking, config.thinking_arg) == (default, "none")
+    for mode in refused:
+        with pytest.raises(ConfigError, match=rf"--thinking {mode} cannot be rendered .*choose --thinking {default}"):
+            build_run_config(model, max_tokens=8, thinking=mode)
+
+
+#: A template of no family regen knows: a generation prompt no thinking argument changes.
+UNKNOWN = ("{%- for m in messages -%}<|turn|>{{ m.role }}\n{{ m.content }}<|end|>{%- endfor -%}"
+           "{%- if add_generation_prompt -%}<|turn|>assistant\n{%- endif -%}")
+#: The same, switched by enable_thinking.
+UNKNOWN_SWITCHED = UNKNOWN.replace("<|turn|>assistant\n{%- endif -%}",
+                                   "<|turn|>assistant\n{%- if enable_thinking is false -%}<think></think>{%- endif -%}"
+                                   "{%- endif -%}")
+
+
+def _unknown(tmp_path: Path, template: str) -> str:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return str(tmp_path)
+
+
+def test_named_parsers_on_a_template_without_a_switch_refuse_the_mode_it_cannot_render(tmp_path):
+    """Off renders the same prompt as on: accepting it would file the thought as the answer, silently."""
+    model = _unknown(tmp_path, UNKNOWN)
+    for mode in ("off", "mix"):
+        with pytest.raises(ConfigError, match=rf"--thinking {mode} cannot be rendered .*renders the same generation "
+                                              r"prompt with thinking on and off.*choose --thinking on"):
+            build_run_config(model, max_tokens=8, thinking=mode, reasoning_parser="qwen3", tool_parser="hermes")
+    config = build_run_config(model, max_tokens=8, reasoning_parser="qwen3", tool_parser="hermes")
+    assert (config.thinking, config.thinking_arg) == ("on", "none")
+    # Without a reasoning parser the one mode is off.
+    with pytest.raises(ConfigError, match=r"--thinking on cannot be rendered .*choose --thinking off"):
+        build_run_config(model, max_tokens=8, thinking="on", reasoning_parser="none", tool_parser="hermes")
+    assert build_run_config(model, max_tokens=8, reasoning_parser="none", tool_parser="hermes").thinking == "off"
+
+
+def test_named_parsers_on_a_template_with_a_switch_take_every_mode_and_record_the_argument(tmp_path):
+    model = _unknown(tmp_path, UNKNOWN_SWITCHED)
+    config = build_run_config(model, max_tokens=8, thinking="off", reasoning_parser="qwen3", tool_parser="hermes")
+    assert (config.thinking, config.thinking_arg) == ("off", "enable_thinking")
+    assert build_run_config(model, max_tokens=8, thinking="mix", reasoning_parser="qwen3",
+                            tool_parser="hermes").thinking_off_share == 0.5

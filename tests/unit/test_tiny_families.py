@@ -1,4 +1,6 @@
-"""The tiny llama3, deepseek_r1 and glm45 models: tokens, templates, round trips, builds (no vLLM)."""
+"""The tiny llama3, deepseek_r1 and glm45 models: tokens, templates, round trips, builds (no vLLM).
+
+kimi_k2 and mistral: test_tiny_kimi_mistral.py."""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def test_the_families_table_names_the_vllm_parsers():
         "llama3": {"reasoning_parser": None, "tool_parser": "llama3_json"},
         "deepseek_r1": {"reasoning_parser": "deepseek_r1", "tool_parser": "deepseek_v3"},
         "glm45": {"reasoning_parser": "glm45", "tool_parser": "glm45"},
+        "kimi_k2": {"reasoning_parser": "kimi_k2", "tool_parser": "kimi_k2"},
+        "mistral": {"reasoning_parser": None, "tool_parser": "mistral"},
     }
     # The qwen3 entry describes what model.py builds.
     assert SPECS["qwen3"].special_tokens == qwen3_model.SPECIAL_TOKENS

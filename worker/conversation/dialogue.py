@@ -15,11 +15,12 @@ Two callables connect this module to an engine, so it never imports vLLM or torc
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ledger.errors import RegenError
 from ledger.quality import unoffered_calls
+from targets.call_ids import with_valid_ids
 from targets.parsing import ReasoningSplit, ToolCallParse
 from targets.turn_parsers import RegenQwenParser, TurnParser
 
@@ -118,12 +119,13 @@ async def regenerate_conversation(
     Raises:
         SampleError: The sample is malformed, or its first turn could not be rendered or
             generated. A ``SampleError`` in a later turn stops the conversation instead,
-            keeping the turns already generated. Any other exception from ``generate``
-            (engine failure) propagates unchanged.
+            keeping the turns already generated. A parser that raises fails the sample
+            (``parser_error``, naming the parser) in any turn: its turn cannot be read. Any
+            other exception from ``generate`` (engine failure) propagates unchanged.
     """
     source = _checked_messages(sample)
     walk = _Walk(sample.get("tools") or None, thinking, render, generate, max_turns, think_end_id,
-                 parser or RegenQwenParser())
+                 parser or RegenQwenParser(), sample_key=str(sample.get("sample_id", "")))
     stop: str | None = None
 
     i = 0
@@ -164,6 +166,8 @@ class _Walk:
     max_turns: int
     think_end_id: int | None
     parser: TurnParser
+    #: Derives the call ids a template demands (targets/call_ids.py), the same on every retry.
+    sample_key: str = ""
     context: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -190,9 +194,18 @@ class _Walk:
             # model) still leaves the earlier turns valid, on-policy training data.
             return f"{e.reason}: {e.detail}"
 
-        # The prompt decides whether the completion starts in a thought (turn_parsers.py).
-        thinking = self.parser.thinking_after(generation.prompt_token_ids, self.thinking)
-        split, parsed = self.parser.parse(generation, thinking=thinking, tools=self.tools, turn=turn)
+        try:
+            # The prompt decides whether the completion starts in a thought (turn_parsers.py).
+            thinking = self.parser.thinking_after(generation.prompt_token_ids, self.thinking)
+            split, parsed = self.parser.parse(generation, thinking=thinking, tools=self.tools, turn=turn)
+        except Exception as e:  # noqa: BLE001 - a parser that raises fails this sample, never the batch
+            raise SampleError("parser_error", f"{_parser_name(self.parser)} raised {type(e).__name__}: "
+                                              f"{str(e)[:300]}", turn=turn) from e
+        if parsed.tool_calls:
+            # Ids the template refuses (Mistral's: 9 alphanumerics) become the source's or derived ones.
+            parsed = replace(parsed, tool_calls=with_valid_ids(
+                parsed.tool_calls, getattr(self.parser, "call_id_rule", None), sample_key=self.sample_key,
+                turn=turn, source_calls=source_calls))
         self.context.append(_assistant_message(split, parsed))
         counts = _count_reasoning(generation.token_ids, thinking, self.think_end_id)
         self.events.append(_event(turn, len(self.context) - 1, generation, split, parsed, counts))
@@ -307,7 +320,9 @@ def _splice_tool_results(
 
     Calls match by name as a multiset (parallel calls may come in another order); the
     results are re-ordered to follow the model's calls and re-labelled with its ids,
-    because Qwen templates pair a result with a call by position.
+    because Qwen templates pair a result with a call by position. A result carries a
+    ``name`` only where the source's has one, as an OpenAI request carries it: Kimi's
+    template writes a message's ``name`` in place of its role.
 
     Returns:
         The tool messages to append and a stop reason (then the list is empty).
@@ -333,7 +348,10 @@ def _splice_tool_results(
     for call, name in zip(calls, got, strict=True):
         k = next(k for k, other in enumerate(expected) if other == name and not used[k])
         used[k] = True
-        spliced.append({**owners[k], "tool_call_id": call["id"], "name": name})
+        result = {**owners[k], "tool_call_id": call["id"]}
+        if result.get("name"):
+            result["name"] = name
+        spliced.append(result)
     return spliced, None
 
 
@@ -354,6 +372,13 @@ def _owner_of(
     if name:
         return next((k for k in free if names[k] == name), None)
     return free[0] if free else None
+
+
+def _parser_name(parser: TurnParser) -> str:
+    """The parser as the ledger names it: ``reasoning <name>, tool <name>``."""
+    described = getattr(parser, "description", None) or {}
+    return (f"parser (reasoning {described.get('reasoning') or 'none'}, tool {described.get('tool') or 'none'}, "
+            f"by {described.get('by', '?')})")
 
 
 def _call_name(call: dict[str, Any]) -> str:

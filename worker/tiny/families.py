@@ -48,6 +48,25 @@ glm45 (GLM-4.5/4.6; parsers: reasoning ``glm45``, tool ``glm45``)
     with the real model. Thoughts before the last user message are dropped (rendered as
     the empty block), as GLM-4.5's template does.
 
+kimi_k2 (Kimi-K2-Thinking; parsers: reasoning ``kimi_k2``, tool ``kimi_k2``)
+    Special (as in Kimi's tokenizer): ``[BOS]``, ``[EOS]``, ``[PAD]``, ``<|im_end|>``,
+    ``<|im_user|>``, ``<|im_assistant|>``, ``<|im_system|>``, ``<|im_middle|>`` and the
+    ``<|tool_call...|>`` tokens. Not special: ``<think>``, ``</think>``. Turns end with
+    ``<|im_end|>``. Always thinks, as K2-Thinking: the prompt ends
+    ``<|im_assistant|>assistant<|im_middle|>`` and the model writes
+    ``<think>THOUGHT</think>ANSWER``; no argument switches it. A call's id is Kimi's
+    ``functions.NAME:N`` (N counts the conversation's calls), which vLLM's parser reads the
+    name from; results are ``## Return of ID``. Tool results carry no ``name`` (Kimi's
+    template would write it in place of the role ``tool``), as an OpenAI request sends them.
+
+mistral (Mistral Small 3.1, tokenizer v7; parser: tool ``mistral``, no reasoning)
+    Special: ``<unk>``, ``<s>``, ``</s>``, ``<pad>``, ``[INST]``, ``[/INST]``,
+    ``[SYSTEM_PROMPT]``, ``[/SYSTEM_PROMPT]``, ``[AVAILABLE_TOOLS]``, ``[/AVAILABLE_TOOLS]``,
+    ``[TOOL_CALLS]``, ``[TOOL_RESULTS]``, ``[/TOOL_RESULTS]`` (no ``[ARGS]``: vLLM's
+    parser then reads v3-v7 JSON calls). Turns end with ``</s>``. Calls are
+    ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "ID"}]`` with ids of exactly
+    9 alphanumerics (the template raises on any other), written by the model; no thinking.
+
 qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.py``.
 """
 
@@ -84,6 +103,15 @@ class Family:
     #: the model ends its turn with the next role token (``turn_end``).
     template_ends_turn: bool = True
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "top_p": 0.95})
+    #: The form of the training conversations' call ids: "call" (``call_N``), "kimi"
+    #: (``functions.NAME:N``) or "alnum9" (``callNNNNN``, Mistral's 9 alphanumerics).
+    call_ids: str = "call"
+    #: Whether the training conversations' tool results name their tool (Kimi's do not).
+    tool_result_names: bool = True
+
+    def call_id(self, name: str, n: int) -> str:
+        """The id of the conversation's ``n``-th call (0-based), to ``name``."""
+        return {"call": f"call_{n}", "kimi": f"functions.{name}:{n}", "alnum9": f"call{n:05d}"}[self.call_ids]
 
     @property
     def template_path(self) -> Path:
@@ -142,6 +170,27 @@ SPECS: dict[str, Family] = {
         bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
         stop_tokens=("<|endoftext|>", "<|user|>", "<|observation|>"),
         reasoning_parser="glm45", tool_parser="glm45", thinking="switch", template_ends_turn=False,
+    ),
+    "kimi_k2": Family(
+        name="kimi_k2", template="kimi_k2_chat.jinja",
+        special_tokens=("[BOS]", "[EOS]", "[PAD]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                        "<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+                        "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                        "<|tool_call_end|>"),
+        format_tokens=("<think>", "</think>"),
+        bos_token="[BOS]", eos_token="<|im_end|>", pad_token="[PAD]", stop_tokens=("<|im_end|>", "[EOS]"),
+        reasoning_parser="kimi_k2", tool_parser="kimi_k2", thinking="always",
+        call_ids="kimi", tool_result_names=False,
+    ),
+    "mistral": Family(
+        name="mistral", template="mistral_chat.jinja",
+        special_tokens=("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                        "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+                        "[/TOOL_RESULTS]"),
+        format_tokens=(),
+        bos_token="<s>", eos_token="</s>", pad_token="<pad>", stop_tokens=("</s>",),
+        reasoning_parser=None, tool_parser="mistral", thinking="never",
+        sampling={"temperature": 0.15, "top_p": 1.0}, call_ids="alnum9",
     ),
 }
 

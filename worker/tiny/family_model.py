@@ -120,8 +120,9 @@ def generation_config(family: Family, tokenizer):
 # --- training data -----------------------------------------------------------------------------
 
 
-def _normalised(example: tiny_data.Example) -> tiny_data.Example:
-    """The example in regen's full normalised form: call ids, and tool results naming their call."""
+def _normalised(example: tiny_data.Example, family: Family) -> tiny_data.Example:
+    """The example in regen's full normalised form: call ids in the family's form, and tool results naming
+    their call (by id, and by name where the family's conversations do)."""
     messages: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     count = 0
@@ -130,13 +131,15 @@ def _normalised(example: tiny_data.Example) -> tiny_data.Example:
         if message.get("tool_calls"):
             calls = []
             for call in message["tool_calls"]:
-                calls.append({"id": f"call_{count}", **call})
+                calls.append({"id": family.call_id(call["function"]["name"], count), **call})
                 count += 1
             message["tool_calls"] = calls
             pending = list(calls)
         elif message["role"] == "tool" and pending:
             call = pending.pop(0)
-            message.update(tool_call_id=call["id"], name=call["function"]["name"])
+            message["tool_call_id"] = call["id"]
+            if family.tool_result_names:
+                message["name"] = call["function"]["name"]
         messages.append(message)
     return tiny_data.Example(messages=messages, tools=example.tools, enable_thinking=example.enable_thinking)
 
@@ -155,7 +158,7 @@ def family_example(family: Family, rng: random.Random, *, stub: bool = False) ->
             continue
         if any(m["role"] == "user" and m["content"].startswith(DETAIL_CUE) for m in example.messages):
             continue
-        return _normalised(example)
+        return _normalised(example, family)
 
 
 def completion_text(family: Family, tokenizer, example: tiny_data.Example) -> tuple[str, str]:
@@ -206,7 +209,8 @@ def training_examples(family: Family, tokenizer, *, seed: int, tokens: int, stub
 #: tokenizer, so fewer and smaller steps on shorter examples. Measured on held-out
 #: prompts: 320 steps of 2048 left glm45 (two modes, thinking on and off) a third of its
 #: thoughts unclosed; 440 of 1536 (as many tokens) closes nearly all.
-TRAINED_STEPS = {"llama3": (640, 1536), "deepseek_r1": (440, 1536), "glm45": (440, 1536)}
+TRAINED_STEPS = {"llama3": (640, 1536), "deepseek_r1": (440, 1536), "glm45": (440, 1536), "kimi_k2": (440, 1536),
+                 "mistral": (640, 1536)}
 
 
 def _plan(family: Family, variant: str):
@@ -343,7 +347,7 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: str = "random", see
         force: replace a tiny model already in ``out_dir``, and rebuild the cached copy.
         cache_dir: where built models are kept; default ``model.default_cache_dir()``.
         family: ``"qwen3"`` (``model.build_tiny_model``, unchanged), ``"llama3"``,
-            ``"deepseek_r1"`` or ``"glm45"`` (see ``worker/tiny/families.py``).
+            ``"deepseek_r1"``, ``"glm45"``, ``"kimi_k2"`` or ``"mistral"`` (see ``worker/tiny/families.py``).
 
     Raises:
         ValueError: unknown family or variant.
