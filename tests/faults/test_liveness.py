@@ -19,7 +19,7 @@ from ledger.reconcile import expire_leases
 from tests.faults.ledger_setup import submit
 from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch
 from worker.process.options import WorkerOptions
-from worker.process.runtime import DB_MAX_OVERFLOW, DB_POOL_SIZE, WorkerRuntime
+from worker.process.runtime import DB_MAX_OVERFLOW, DB_POOL_SIZE, LIVENESS_POOL_SIZE, WorkerRuntime
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +44,13 @@ def _rows(sessions, batch_id: int) -> list[dict]:
             for i in ids]
 
 
-# The bug this shows is open (issue 36, part 2): measured on 2026-12-02 against main, every one of the 240
-# leases expired and 240 failures were counted. Strict, and only on the assertion: the fix makes it pass and
-# CI then fails until this mark goes; an error of the test's own setup is never taken for the bug.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 36: the heartbeat queues for the task threads' pool behind stalled commits")
 def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(settings, sessions, tmp_path,
                                                                              s3_bucket):
     submit(settings, sessions, tmp_path, s3_bucket, run="slow", n=HELD, batch_size=1)
     rt = WorkerRuntime(settings, WorkerOptions(name="w@liveness", lease_s=LEASE_S, heartbeat_s=HEARTBEAT_S,
                                                reconcile_s=0))
     assert (rt.db.pool.size(), rt.db.pool._max_overflow) == (DB_POOL_SIZE, DB_MAX_OVERFLOW), "not production's pool"
+    assert (rt.liveness_db.pool.size(), rt.liveness_db.pool._max_overflow) == (LIVENESS_POOL_SIZE, 0)
     with sessions() as s:
         ids = s.execute(text("SELECT id FROM batches ORDER BY seq")).scalars().all()
         run_id = s.execute(text("SELECT id FROM runs WHERE name = 'slow'")).scalar_one()
@@ -90,9 +86,13 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
             time.sleep(0.5)
             with sessions.begin() as s:
                 expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+        # The premise: the stall held, every commit still waits, and they took the whole task pool.
+        stalled, pool_taken = not committed, rt.db.pool.checkedout()
     finally:
         locker.rollback()
         locker.close()
+    assert stalled, f"commits finished during the stall: {sorted(committed)}"
+    assert pool_taken == DB_POOL_SIZE + DB_MAX_OVERFLOW, f"{pool_taken} connections of the task pool taken"
     for t in threads:
         t.join(timeout=60)
     with sessions.begin() as s:
