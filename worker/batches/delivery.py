@@ -17,14 +17,7 @@ from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
-from worker.batches.ledger_calls import (
-    RELEASE_WITHIN_S,
-    ClaimOutcome,
-    claim_batch,
-    commit_batch,
-    fail_batch,
-    release_batch,
-)
+from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
 from worker.engine.host import EngineDead
@@ -144,7 +137,7 @@ def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, a
     if at_shutdown:
         sessions, within_s = rt.liveness_sessions, rt.hand_back_left_s()
     else:
-        sessions, within_s = rt.sessions, RELEASE_WITHIN_S
+        sessions, within_s = rt.sessions, rt.options.release_s
     try:
         released = within_s > 0 and release_batch(sessions, batch_id, attempt, reason=reason, within_s=within_s)
     except Exception:  # noqa: BLE001 - not released is the outcome; the retry below is the remedy

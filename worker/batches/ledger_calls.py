@@ -29,6 +29,7 @@ from ledger.runs import run_of_batch
 from ledger.shards import InputSlice
 from ledger.states import BatchStatus, RunStatus
 from worker.measure.ledger_timing import timed
+from worker.process.options import RELEASE_WITHIN_S
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +126,6 @@ def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]
     with sessions.begin() as s:
         ours = s.execute(_HEARTBEAT, {"ids": list(held), "attempts": list(held.values())}).scalars().all()
     return set(held) - set(ours)
-
-
-#: How long a release may take, retries included, when nothing bounds it more tightly: a
-#: Postgres restart or a failover is over within it.
-RELEASE_WITHIN_S = 20.0
 
 
 @timed("release")

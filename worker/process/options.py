@@ -24,6 +24,9 @@ from worker.process.reaper import REAP_GRACE_S
 #: launcher's own 60 s is the longer), so a hand-back is never cut short, and what is left of the
 #: grace goes to the engine's shutdown. A release that cannot land by then is left to its lease.
 HAND_BACK_S = 0.6 * REAP_GRACE_S
+#: How long a release outside a shutdown (a hand-back, a wrong model, a dead engine) is retried
+#: before it gives up and is left to the heartbeat's retries: a Postgres restart is over within it.
+RELEASE_WITHIN_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class WorkerOptions:
     #: How long a shutdown's hand-backs may take from the SIGTERM on: below the reaper's grace
     #: (``HAND_BACK_S`` above); a test shortens it, nothing else should.
     hand_back_s: float = HAND_BACK_S
+    #: ``RELEASE_WITHIN_S`` above; a test shortens it.
+    release_s: float = RELEASE_WITHIN_S
 
     #: worker/engine/fake.py's spec (``tok_s=...,gpus=...``): a benchmark and test device that
     #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
