@@ -157,10 +157,11 @@ class WorkerRuntime:
         with self._held_lock:
             pending = dict(self._unreleased)
         for batch_id, (attempt, reason) in pending.items():
-            if release_batch(self.liveness_sessions, batch_id, attempt, reason=reason, within_s=within_s):
-                log.info("batch %s attempt %s released at last (%s)", batch_id, attempt, reason)
-                with self._held_lock:
-                    self._unreleased.pop(batch_id, None)
+            if not release_batch(self.liveness_sessions, batch_id, attempt, reason=reason, within_s=within_s):
+                return  # the ledger is still out of reach: the rest wait for the next beat, not the heartbeat
+            log.info("batch %s attempt %s released at last (%s)", batch_id, attempt, reason)
+            with self._held_lock:
+                self._unreleased.pop(batch_id, None)
 
     def held_count(self) -> int:
         with self._held_lock:
