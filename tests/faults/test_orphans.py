@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests.faults.farm import running_on, write_prompts
+from tests.fixtures.worker import READY_TIMEOUT_S
 from tests.support.helpers import cli_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -93,7 +94,7 @@ def _before_the_engine_exists(w) -> None:
 
 def _while_the_engine_loads(w) -> None:
     # Inside the model load (~20 s alone on this CPU), where vLLM's engine core ignores SIGTERM.
-    wait_for(lambda: any(_is_engine(p) for p in w.processes()) and LOADING in w.log(), timeout_s=180,
+    wait_for(lambda: any(_is_engine(p) for p in w.processes()) and LOADING in w.log(), timeout_s=READY_TIMEOUT_S,
              what="the engine process loading the model", interval_s=0.1, on_timeout=lambda: w.log()[-3000:])
     assert any(_is_engine(p) for p in w.processes()), "the engine process is gone"
     assert "engine ready" not in w.log(), "too late: the engine finished loading"
