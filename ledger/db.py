@@ -60,5 +60,7 @@ def retry_db(fn: Callable[[], T], *, what: str, max_wait_s: float = 600.0, base_
                 raise
             attempt += 1
             delay = min(30.0, base_delay_s * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+            # Never asleep past the deadline: a caller bounded by it (a shutdown's hand-back) gets its answer on time.
+            delay = min(delay, max(0.0, deadline - time.monotonic()))
             log.warning("ledger write %s failed (%s); retry %d in %.1fs", what, type(exc).__name__, attempt, delay)
             time.sleep(delay)

@@ -200,16 +200,17 @@ def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id:
     return total
 
 
-def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_s: float) -> int:
-    """Queued batches of ``queue`` past the grace period with no message waiting: a new one, at the front.
+def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
+    """Queued batches of ``queue`` past the grace period with no message waiting: marked for a new one.
 
     Reads the oldest queued batches and the head of the queue only (ledger/broker.py
     ``missing_messages``): a pass costs the same with 17,000 messages waiting as with 100.
+    Returns their rows; the caller publishes them, at the front, once the pass has committed.
     """
     due = session.execute(_DUE, {"grace": grace_s}).scalar_one()
     oldest = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": 1}).first()
     if oldest is None or oldest.enqueued_at >= due:
-        return 0  # the oldest is within its grace period: nothing to look for on Redis
+        return []  # the oldest is within its grace period: nothing to look for on Redis
     rows = session.execute(_OLDEST_QUEUED, {"queue": queue, "n": REPUBLISH_PER_PASS}).all()
 
     def enqueued_at(ids: list[int]) -> dict[int, object]:
@@ -222,16 +223,26 @@ def _republish_lost(session: Session, app: Celery, client, queue: str, *, grace_
         log.info("reconciler: %d queued batches of queue %s are not at its head and no later message was "
                  "seen there: looked for again next pass", undecided, queue)
     if not missing:
-        return 0
-    with session.begin_nested():
-        still = transitions.mark_message_lost(session, [b.id for b in missing])
-        lost = [by_id[b.id] for b in missing if b.id in still]
-        _publish(app, lost, queue=queue, front=True)
+        return []
+    still = transitions.mark_message_lost(session, [b.id for b in missing])
+    lost = [by_id[b.id] for b in missing if b.id in still]
     log.warning("reconciler: %d queued batches of queue %s had no message waiting and none claimed %.0f s after "
                 "their last one (lost, or held by a consumer that is gone): published again, first in line "
                 "(batch ids %s%s)", len(lost), queue, grace_s, [r.id for r in lost[:10]],
                 "..." if len(lost) > 10 else "")
-    return len(lost)
+    return lost
+
+
+def _mark_top_up(session: Session, client, queue: str, *, window: int) -> list:
+    """Planned batches of ``queue`` that fill its window, moved to ``queued``: their rows, for the caller to publish."""
+    room = window - ready_length(client, queue)
+    if room <= 0:
+        return []
+    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": None}).all()
+    if not rows:
+        return []
+    moved = transitions.mark_published(session, [r.id for r in rows])
+    return [r for r in rows if r.id in moved]
 
 
 def _take_pass(session: Session, *, min_interval_s: float, worker: str | None) -> bool:
@@ -247,10 +258,18 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
 
     None if another pass holds the lock, or one ran less than ``min_interval_s`` ago.
     Broker errors are logged, not raised: what could not be published is found again
-    by the next pass (expired batches, queued and past their grace period, are republished
-    as lost; planned ones stay planned).
+    by a later pass (its batches are queued, and once past their grace period with no
+    message waiting they are republished as lost). The pass commits before it publishes,
+    so no claim ever waits on its row locks.
     """
     report = RequeueReport()
+    # What the pass decides, it commits first and publishes after (issue 36): published inside its
+    # transaction, a message could reach a worker whose claim then waited on the pass's row locks,
+    # holding one of its few ledger connections, until the pass committed. A publish that fails
+    # after the commit loses nothing: its batches are queued with no message waiting, and the
+    # next pass after their grace period finds them missing and publishes them again.
+    front: list = []        # expired leases, then lost messages: first in line
+    top_ups: dict[str, list] = {}
     with sessions.begin() as s:
         if not _take_pass(s, min_interval_s=min_interval_s, worker=worker):
             return None
@@ -259,21 +278,29 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
         report.dead = sum(1 for r in expired if r.status == "dead")
         requeued = [r.id for r in expired if r.status == "queued"]
         queues = [q for (q,) in s.execute(_ACTIVE_QUEUES, {"run": None}).all()]
+        if requeued:
+            # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
+            front += s.execute(_BY_ID, {"ids": requeued}).all()
         try:
             with broker_client(app) as client:
-                if requeued:
-                    # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
-                    rows = s.execute(_BY_ID, {"ids": requeued}).all()
-                    _publish_by_queue(app, rows, front=True)
-                    report.republished += len(rows)
                 for queue in queues:
-                    lost = _republish_lost(s, app, client, queue, grace_s=grace_s)
-                    report.lost += lost
-                    report.republished += lost
-                    report.topped_up += _top_up_queue(s, app, client, queue, window=window, run_id=None)
+                    lost = _mark_lost(s, client, queue, grace_s=grace_s)
+                    report.lost += len(lost)
+                    front += lost
+                    top_ups[queue] = _mark_top_up(s, client, queue, window=window)
         except _BROKER_ERRORS as e:
             log.warning("reconciler: the broker failed during the pass (%s: %s); the next pass retries",
                         type(e).__name__, e)
+    try:
+        _publish_by_queue(app, front, front=True)
+        report.republished = len(front)
+        for queue, rows in top_ups.items():
+            if rows:
+                _publish(app, rows, queue=queue)
+                report.topped_up += len(rows)
+    except _BROKER_ERRORS as e:
+        log.warning("reconciler: publishing the pass's messages failed (%s: %s); their batches are queued and "
+                    "are published again once their grace period (%.0f s) has passed", type(e).__name__, e, grace_s)
     if report.expired or report.republished:
         log.warning("reconciler: %d leases expired (%d now dead), %d batches republished (%d with a lost message), "
                     "%d planned batches published", report.expired, report.dead, report.republished, report.lost,

@@ -143,7 +143,30 @@ WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
   AND (b.status IN ('planned', 'queued')
        OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
            AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)))
-RETURNING b.attempts""")
+RETURNING b.attempts, b.started_at""")
+
+
+@dataclass(frozen=True)
+class ClaimStamp:
+    """What a claim wrote that tells it apart from any other: its attempt and its transaction's start.
+
+    ``started_at`` is ``now()``, the claiming transaction's start to the microsecond: two
+    claims of one attempt number (one of which never committed) do not share it, so a
+    claimer whose COMMIT got no answer can read the row and know whether the claim is its own.
+    """
+
+    attempt: int
+    started_at: Any
+
+
+def claim_stamped(session: Session, batch_id: int, *, worker: str, lease_s: float,
+                  fake: bool = False) -> ClaimStamp | None:
+    """Take a batch (waiting, or running with an expired lease): the claim's stamp, or None if not taken.
+
+    ``fake``: the claimer is a fake engine, which may take a benchmark run's batches only.
+    """
+    row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s, "fake": fake}).first()
+    return None if row is None else ClaimStamp(row[0], row[1])
 
 
 def claim(session: Session, batch_id: int, *, worker: str, lease_s: float, fake: bool = False) -> int | None:
@@ -151,8 +174,20 @@ def claim(session: Session, batch_id: int, *, worker: str, lease_s: float, fake:
 
     ``fake``: the claimer is a fake engine, which may take a benchmark run's batches only.
     """
-    row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s, "fake": fake}).first()
-    return None if row is None else row[0]
+    stamp = claim_stamped(session, batch_id, worker=worker, lease_s=lease_s, fake=fake)
+    return None if stamp is None else stamp.attempt
+
+
+# A read, no write: whether a claim whose COMMIT got no answer holds the batch (ledger_calls.claim_batch).
+_OWN_CLAIM = text("""
+SELECT 1 FROM batches WHERE id = :batch AND status = 'running' AND attempts = :attempt AND started_at = :started
+  AND worker = :worker""")
+
+
+def holds_claim(session: Session, batch_id: int, stamp: ClaimStamp, *, worker: str) -> bool:
+    """The batch is running under exactly this claim (attempt, transaction start, worker)."""
+    return session.execute(_OWN_CLAIM, {"batch": batch_id, "attempt": stamp.attempt, "started": stamp.started_at,
+                                        "worker": worker}).first() is not None
 
 
 # Not a status write: a fake engine's delivery of a real run's batch, handed back untouched and counted.

@@ -13,13 +13,19 @@ import time
 
 import psycopg
 import pytest
+import redis as redis_lib
 from sqlalchemy import text
 
-from ledger.reconcile import expire_leases
-from tests.faults.ledger_setup import submit
+from ledger.dispatch import make_celery
+from ledger.objects import ObjectStore
+from ledger.reconcile import expire_leases, reconcile_once
+from producer.run_config import build_run_config
+from producer.submit import submit_run
+from tests.faults.ledger_setup import submit, write_dataset
+from tests.support.helpers import wait_for
 from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch
 from worker.process.options import WorkerOptions
-from worker.process.runtime import DB_MAX_OVERFLOW, DB_POOL_SIZE, WorkerRuntime
+from worker.process.runtime import DB_MAX_OVERFLOW, DB_POOL_SIZE, LIVENESS_POOL_SIZE, WorkerRuntime
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +50,13 @@ def _rows(sessions, batch_id: int) -> list[dict]:
             for i in ids]
 
 
-# The bug this shows is open (issue 36, part 2): measured on 2026-12-02 against main, every one of the 240
-# leases expired and 240 failures were counted. Strict, and only on the assertion: the fix makes it pass and
-# CI then fails until this mark goes; an error of the test's own setup is never taken for the bug.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 36: the heartbeat queues for the task threads' pool behind stalled commits")
 def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(settings, sessions, tmp_path,
                                                                              s3_bucket):
     submit(settings, sessions, tmp_path, s3_bucket, run="slow", n=HELD, batch_size=1)
     rt = WorkerRuntime(settings, WorkerOptions(name="w@liveness", lease_s=LEASE_S, heartbeat_s=HEARTBEAT_S,
                                                reconcile_s=0))
     assert (rt.db.pool.size(), rt.db.pool._max_overflow) == (DB_POOL_SIZE, DB_MAX_OVERFLOW), "not production's pool"
+    assert (rt.liveness_db.pool.size(), rt.liveness_db.pool._max_overflow) == (LIVENESS_POOL_SIZE, 0)
     with sessions() as s:
         ids = s.execute(text("SELECT id FROM batches ORDER BY seq")).scalars().all()
         run_id = s.execute(text("SELECT id FROM runs WHERE name = 'slow'")).scalar_one()
@@ -90,9 +92,13 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
             time.sleep(0.5)
             with sessions.begin() as s:
                 expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+        # The premise: the stall held, every commit still waits, and they took the whole task pool.
+        stalled, pool_taken = not committed, rt.db.pool.checkedout()
     finally:
         locker.rollback()
         locker.close()
+    assert stalled, f"commits finished during the stall: {sorted(committed)}"
+    assert pool_taken == DB_POOL_SIZE + DB_MAX_OVERFLOW, f"{pool_taken} connections of the task pool taken"
     for t in threads:
         t.join(timeout=60)
     with sessions.begin() as s:
@@ -104,3 +110,54 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     assert expired == 0 and failures == 0, f"{expired} leases expired, {failures} failures counted"
     assert committed == {b: True for b in ids[:COMMITTING]}
     assert running == HELD - COMMITTING
+
+
+def _batch_of(raw: bytes) -> int:
+    import json
+
+    return json.loads(raw)["headers"]["regen_batch"]
+
+
+def test_a_reconciler_pass_publishes_nothing_while_it_holds_its_batches_locks(settings, sessions, tmp_path,
+                                                                             s3_bucket):
+    """A message out while the pass that marked its batch is still open sends its claimer to wait on the pass."""
+    app, client = make_celery(settings), redis_lib.Redis.from_url(settings.redis_url)
+    for queue in ("qa", "qb"):  # a pass handles its queues in name order: qa, then qb
+        submit_run(sessions, app, ObjectStore(), [str(write_dataset(tmp_path / f"{queue}.jsonl", 5))],
+                   run_name=f"run-{queue}", config=build_run_config("tiny", max_tokens=16, seed=1),
+                   output_url=f"{s3_bucket}/{queue}", batch_size=1, queue=queue, window=1)
+    assert (client.llen("qa"), client.llen("qb")) == (1, 1)
+    # A lock on one of qb's planned batches: the pass tops qa up, then waits on it, its transaction open.
+    locker = psycopg.connect(settings.database_url, autocommit=False)
+    locker.execute("SELECT b.id FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.queue = 'qb' "
+                   "AND b.status = 'planned' ORDER BY b.seq LIMIT 1 FOR UPDATE OF b")
+    report: dict = {}
+    pass_ = threading.Thread(target=lambda: report.update(r=reconcile_once(
+        sessions, app, lease_s=60, max_attempts=3, window=3, grace_s=60)), daemon=True)
+    pass_.start()
+    try:
+        wait_for(lambda: _waiting_on_a_lock(sessions), timeout_s=30, what="the pass waiting on qb's locked batch",
+                 interval_s=0.05)
+        waiting = [_batch_of(raw) for raw in client.lrange("qa", 0, -1)]
+        with psycopg.connect(settings.database_url, autocommit=False) as probe:
+            # The premise: the pass has taken 2 of qa's 4 planned batches, their rows locked by its open transaction.
+            free = probe.execute("SELECT count(*) FROM (SELECT b.id FROM batches b JOIN runs r ON r.id = b.run_id "
+                                 "WHERE r.queue = 'qa' AND b.status = 'planned' FOR UPDATE OF b SKIP LOCKED) f"
+                                 ).fetchone()[0]
+            assert free == 2, f"{4 - free} of qa's planned batches locked by the pass, not 2"
+            probe.rollback()
+            # Every message a worker could take now is claimable at once: none of its rows is the pass's.
+            for batch_id in waiting:
+                probe.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE NOWAIT", (batch_id,))
+        assert len(waiting) == 1, f"the pass published {len(waiting) - 1} messages before it committed"
+    finally:
+        locker.rollback()
+        locker.close()
+        pass_.join(timeout=30)
+    assert report["r"].topped_up == 4 and (client.llen("qa"), client.llen("qb")) == (3, 3)
+
+
+def _waiting_on_a_lock(sessions) -> bool:
+    with sessions() as s:
+        return bool(s.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                   "AND query LIKE '%status = ''queued''%'")).scalar_one())

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests.faults.farm import running_on, write_prompts
+from tests.fixtures.worker import READY_TIMEOUT_S
 from tests.support.helpers import cli_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -48,8 +49,15 @@ def _is_worker_process(p: psutil.Process, w) -> bool:
         return False
 
 
+#: The worker process's line when its warm shutdown begins (worker/process/consumer.py).
+SHUTTING_DOWN = "shutting down, handing back its"
+#: vLLM's engine core's line as it starts loading the model (its CPU model runner), before any weight is read.
+LOADING = "Starting to load model"
+
+
 def _kill_launcher_and_wait_gone(w) -> float:
     """SIGKILL the launcher alone, as an OOM killer or `kill -9` would; seconds until nothing of it is left."""
+    assert w.proc.poll() is None, f"the launcher had exited before its kill:\n{w.log()[-3000:]}"
     w.proc.send_signal(signal.SIGKILL)
     w.proc.wait(timeout=10)
     killed_at = time.monotonic()
@@ -61,30 +69,46 @@ def _kill_launcher_and_wait_gone(w) -> float:
     return gone_s
 
 
+# Each moment asserts its premise just before the kill: what it means to interrupt has started
+# and has not yet finished. A kill that came too early (nothing started, nothing to leave behind)
+# or too late would pass without testing the moment it names.
+
+
 def _before_the_worker_runs(w) -> None:
-    time.sleep(0.3)  # the launcher is importing, or has just forked its reaper or its worker
+    # The launcher has forked its first child (its reaper or its worker): from here on something can be left behind.
+    wait_for(lambda: any(p.pid != w.proc.pid for p in w.processes()), timeout_s=60,
+             what="the launcher's first child", interval_s=0.02, on_timeout=lambda: w.log()[-3000:])
+    procs = w.processes()
+    assert any(p.pid != w.proc.pid for p in procs), "too early: the launcher has started nothing"
+    assert not any(_is_engine(p) for p in procs) and SHUTTING_DOWN not in w.log() and " ready." not in w.log(), \
+        "too late: the worker already runs"
 
 
 def _before_the_engine_exists(w) -> None:
     wait_for(lambda: any(_is_worker_process(p, w) for p in w.processes()), timeout_s=60, what="the worker process",
              interval_s=0.1)
-    assert not any(_is_engine(p) for p in w.processes()), "too late: the engine process already exists"
+    procs = w.processes()
+    assert any(_is_worker_process(p, w) for p in procs), "too early: the worker process is gone"
+    assert not any(_is_engine(p) for p in procs), "too late: the engine process already exists"
 
 
 def _while_the_engine_loads(w) -> None:
-    wait_for(lambda: any(_is_engine(p) for p in w.processes()), timeout_s=180, what="the engine process",
-             interval_s=0.2, on_timeout=lambda: w.log()[-3000:])
-    time.sleep(3.0)  # inside the model load (~20 s alone on this CPU), where vLLM ignores SIGTERM
+    # Inside the model load (~20 s alone on this CPU), where vLLM's engine core ignores SIGTERM.
+    wait_for(lambda: any(_is_engine(p) for p in w.processes()) and LOADING in w.log(), timeout_s=READY_TIMEOUT_S,
+             what="the engine process loading the model", interval_s=0.1, on_timeout=lambda: w.log()[-3000:])
+    assert any(_is_engine(p) for p in w.processes()), "the engine process is gone"
     assert "engine ready" not in w.log(), "too late: the engine finished loading"
 
 
 def _while_it_shuts_down(w) -> None:
     w.wait_ready()
     w.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "asking every worker to hand back" in w.log(), timeout_s=10, what="the launcher stopping",
-             interval_s=0.05)
-    time.sleep(0.5)  # the worker is handing back and stopping its engine
-    assert any(_is_engine(p) for p in w.processes()), "too late: the engine already stopped"
+    # The worker process itself has begun its warm shutdown (not only the launcher its stop).
+    wait_for(lambda: SHUTTING_DOWN in w.log(), timeout_s=10, what="the worker shutting down", interval_s=0.05,
+             on_timeout=lambda: w.log()[-3000:])
+    procs = w.processes()
+    assert any(_is_worker_process(p, w) for p in procs), "too late: the worker process already exited"
+    assert any(_is_engine(p) for p in procs), "too late: the engine already stopped"
 
 
 @pytest.mark.parametrize("moment", [_before_the_worker_runs, _before_the_engine_exists, _while_the_engine_loads,

@@ -328,7 +328,7 @@ def test_pgbouncer_keeps_postgres_within_its_connections_for_a_farm_of_1000_gpus
     assert pool + 50 <= _postgres_max_connections(services) <= 500
     # 1,000 GPUs at --tp 1: 1,000 worker processes of up to 4 connections each (worker/process/runtime.py).
     clients = int(bouncer["PGBOUNCER_MAX_CLIENT_CONN"])
-    assert clients >= 1000 * (worker.process.runtime.DB_POOL_SIZE + worker.process.runtime.DB_MAX_OVERFLOW)
+    assert clients >= 1000 * worker.process.runtime.DB_CONNECTIONS_PER_PROCESS
     nofile = services["pgbouncer"]["ulimits"]["nofile"]
     assert min(int(nofile["soft"]), int(nofile["hard"])) >= clients + pool + 100
     assert int(bouncer["PGBOUNCER_LISTEN_BACKLOG"]) >= 1024

@@ -57,6 +57,12 @@ class Outcome:
 def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
     if rt.shutting_down.is_set():
         raise Requeue("worker is shutting down")
+    if (wait_s := rt.handed_back_recently(msg.batch_id)) > 0:
+        # This worker handed it back less than a probe period ago, for workers below their share:
+        # back to the broker unclaimed (no attempt, no release), for one of them. The short wait
+        # keeps a worker that is alone on the queue from spinning on it.
+        rt.shutting_down.wait(min(wait_s, POLL_S))
+        raise Requeue("handed back by this worker within the last probe period")
     fake = bool(rt.options.fake_engine)
     claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s, fake=fake)
     if claim.outcome is ClaimOutcome.NOT_BENCHMARK:
@@ -68,6 +74,12 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
                   "benchmark run", msg.batch_id, claim.run["name"] if claim.run else "?", msg.seq, refused)
         time.sleep(REFUSED_PAUSE_S)
         raise Requeue("a fake engine serves benchmark runs only")
+    if claim.outcome is ClaimOutcome.CLAIMED and not rt.hold(msg.batch_id, claim.attempt):
+        # Another thread of this process runs this very attempt (a duplicate delivery whose claim
+        # was resolved as ours after an unanswered COMMIT): that thread owns it.
+        log.info("batch %s (seq %s): attempt %s already runs in this process, acknowledging the duplicate",
+                 msg.batch_id, msg.seq, claim.attempt)
+        return Outcome(ClaimOutcome.HELD_ELSEWHERE.value, msg.batch_id)
     if claim.outcome is not ClaimOutcome.CLAIMED:
         # done/dead: nothing to do. Held elsewhere: a duplicate delivery. Paused run:
         # the batch stays queued in the ledger and `regen resume` publishes it again.
@@ -76,12 +88,13 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         return Outcome(claim.outcome.value, msg.batch_id)
     attempt, run, where = claim.attempt, claim.run, claim.input
     assert run is not None and where is not None
-    rt.hold(msg.batch_id, attempt)
     log.info("batch %s (run %s, seq %s) attempt %s started", msg.batch_id, run["name"], msg.seq, attempt)
     try:
         return _generate_upload_commit(rt, msg, run, attempt, where)
     except _Preempted:
-        release_batch(rt.sessions, msg.batch_id, attempt, reason="handed back at worker shutdown")
+        # Within the shutdown's hand-back time, on the heartbeat's connection (the heartbeat has
+        # stopped): the reaper's SIGKILL must not find a release half done.
+        _hand_back(rt, msg.batch_id, attempt, "handed back at worker shutdown", at_shutdown=True)
         raise Requeue("worker is shutting down") from None
     except _Fenced:
         return Outcome("fenced", msg.batch_id, attempt, "a newer attempt owns the batch")
@@ -89,13 +102,15 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         # Withdrawn before any of its conversations started (worker/batches/holding.py: this worker
         # held more than its share of a run's end while others starve). Nothing was generated:
         # queued again with no failure counted, and its message goes back on the queue, where
-        # this worker, its prefetch already lowered, does not take it.
-        release_batch(rt.sessions, msg.batch_id, attempt, reason=f"handed back before it started: {e}")
+        # this worker, its prefetch already lowered, does not take it (nor, for a probe period,
+        # claims it should it come back: ``handed_back_recently``).
+        _hand_back(rt, msg.batch_id, attempt, f"handed back before it started: {e}")
+        rt.handed_back(msg.batch_id)
         log.info("batch %s attempt %s handed back before it started (held beyond this worker's share)",
                  msg.batch_id, attempt)
         raise Requeue("handed back before it started") from e
     except (WrongModel, NotBenchmark) as e:
-        release_batch(rt.sessions, msg.batch_id, attempt, reason=str(e))
+        _hand_back(rt, msg.batch_id, attempt, str(e))
         time.sleep(REFUSED_PAUSE_S)  # do not spin on a message this worker can never run
         raise Requeue(str(e)) from e
     except EngineDead as e:
@@ -106,7 +121,7 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
             _record_failure(rt, msg, attempt, f"engine died: {e}")
             rt.request_exit("the engine died")
         else:
-            release_batch(rt.sessions, msg.batch_id, attempt, reason="handed back: the engine died")
+            _hand_back(rt, msg.batch_id, attempt, "handed back: the engine died")
         raise Requeue("engine died") from e
     except StoreError as e:
         status = _record_failure(rt, msg, attempt, f"object store ({'transient' if e.transient else 'permanent'}"
@@ -124,6 +139,28 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         raise Requeue(str(e)) from e
     finally:
         rt.drop(msg.batch_id)
+
+
+def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, at_shutdown: bool = False) -> None:
+    """Release the batch, no failure counted; if the release gives up, the heartbeat retries it (issue 36).
+
+    Whatever happens here, the caller then requeues the message: a hand-back is never
+    acknowledged as if it were done, which left the batch running under a lease nobody
+    renewed, to expire later as a counted failure.
+    """
+    if at_shutdown:
+        sessions, within_s = rt.liveness_sessions, rt.hand_back_left_s()
+    else:
+        sessions, within_s = rt.sessions, rt.options.release_s
+    try:
+        released = within_s > 0 and release_batch(sessions, batch_id, attempt, reason=reason, within_s=within_s)
+    except Exception:  # noqa: BLE001 - not released is the outcome; the retry below is the remedy
+        log.exception("releasing batch %s attempt %s failed", batch_id, attempt)
+        released = False
+    if not released:
+        log.warning("batch %s attempt %s: its release did not land; the heartbeat keeps its lease and retries it%s",
+                    batch_id, attempt, ", then it is left to its lease" if at_shutdown else "")
+        rt.release_later(batch_id, attempt, reason)
 
 
 def _record_failure(rt: WorkerRuntime, msg: BatchMessage, attempt: int, error: str) -> str:

@@ -13,10 +13,14 @@ module that writes a status); this module adds the worker's retries and outcomes
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass
 from enum import Enum
 
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
@@ -25,6 +29,9 @@ from ledger.runs import run_of_batch
 from ledger.shards import InputSlice
 from ledger.states import BatchStatus, RunStatus
 from worker.measure.ledger_timing import timed
+from worker.process.options import RELEASE_WITHIN_S
+
+log = logging.getLogger(__name__)
 
 
 class ClaimOutcome(str, Enum):
@@ -49,55 +56,118 @@ class Claim:
 @timed("claim")
 def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, lease_s: float,
                 fake: bool = False) -> Claim:
-    """Claim a batch for this worker; ``fake``: the worker runs the fake engine (benchmark runs only)."""
+    """Claim the batch for ``worker``, retried through a ledger outage; ``fake``: the worker runs the
+    fake engine (benchmark runs only).
+
+    A COMMIT that fails on the wire is ambiguous: the server may have committed the claim
+    before the connection broke. Retried blindly, the claim would find the batch running
+    under a live lease (its own), count a stale delivery and acknowledge it: the batch held
+    by nobody until its lease expired, and that expiry counted as a failure (issue 36). So
+    the retry after such a COMMIT first reads the row for the claim's own stamp (attempt
+    and transaction start, ledger/transitions.py ``ClaimStamp``): found, the claim is ours.
+    """
+    pending: list[transitions.ClaimStamp] = []  # a claim whose COMMIT got no answer
+
     def tx() -> Claim:
+        if pending:
+            with sessions.begin() as s:
+                found = run_of_batch(s, batch_id)
+                if found is not None and transitions.holds_claim(s, batch_id, pending[0], worker=worker):
+                    log.info("batch %s: the claim's COMMIT got no answer, and the row shows it took effect: "
+                             "attempt %s is ours", batch_id, pending[0].attempt)
+                    _, record, where = found
+                    return Claim(ClaimOutcome.CLAIMED, attempt=pending[0].attempt, run=record.for_worker(),
+                                 input=where)
+            pending.clear()  # it did not: claim again
         with sessions.begin() as s:
-            attempt = transitions.claim(s, batch_id, worker=worker, lease_s=lease_s, fake=fake)
-            found = run_of_batch(s, batch_id)
-            if found is None:
-                return Claim(ClaimOutcome.MISSING)
-            batch_status, record, where = found
-            run = record.for_worker()
-            if attempt is not None:
-                return Claim(ClaimOutcome.CLAIMED, attempt=attempt, run=run, input=where)
-            if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
-                # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
-                transitions.count_stale_delivery(s, batch_id)
-                return Claim(ClaimOutcome.ALREADY_DONE, run=run)
-            if record.status == RunStatus.PAUSED.value:
-                return Claim(ClaimOutcome.RUN_PAUSED, run=run)
-            if fake and not record.benchmark and batch_status != BatchStatus.RUNNING.value:
-                # Waiting for a real engine: counted (regen status, regen metrics), the message goes back.
-                # A running batch's delivery is a duplicate, acknowledged below as for any worker.
-                transitions.count_fake_refusal(s, batch_id)
-                return Claim(ClaimOutcome.NOT_BENCHMARK, run=run)
-            transitions.count_stale_delivery(s, batch_id)
-            return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
+            stamp = transitions.claim_stamped(s, batch_id, worker=worker, lease_s=lease_s, fake=fake)
+            claim = _claim_outcome(s, batch_id, stamp, fake=fake)
+            if stamp is not None:
+                pending[:] = [stamp]  # from here to the COMMIT's answer the claim may or may not be ours
+        pending.clear()
+        return claim
 
     return retry_db(tx, what=f"claim batch {batch_id}")
 
 
+def _claim_outcome(s: Session, batch_id: int, stamp: transitions.ClaimStamp | None, *, fake: bool = False) -> Claim:
+    found = run_of_batch(s, batch_id)
+    if found is None:
+        return Claim(ClaimOutcome.MISSING)
+    batch_status, record, where = found
+    run = record.for_worker()
+    if stamp is not None:
+        return Claim(ClaimOutcome.CLAIMED, attempt=stamp.attempt, run=run, input=where)
+    if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
+        # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
+        transitions.count_stale_delivery(s, batch_id)
+        return Claim(ClaimOutcome.ALREADY_DONE, run=run)
+    if record.status == RunStatus.PAUSED.value:
+        return Claim(ClaimOutcome.RUN_PAUSED, run=run)
+    if fake and not record.benchmark and batch_status != BatchStatus.RUNNING.value:
+        # Waiting for a real engine: counted (regen status, regen metrics), the message goes back.
+        # A running batch's delivery is a duplicate, acknowledged below as for any worker.
+        transitions.count_fake_refusal(s, batch_id)
+        return Claim(ClaimOutcome.NOT_BENCHMARK, run=run)
+    transitions.count_stale_delivery(s, batch_id)
+    return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
+
+
+# The rows held that nobody else has locked, renewed; and, from the statement's snapshot, which of
+# the held are still ours. A row locked by another transaction (this worker's own commit waiting
+# on the run's counters, another worker's claim, the reconciler) is skipped, not waited for: one
+# locked row must not hold up the renewal of the hundreds of others (issue 36). A skipped row is
+# renewed by the next beat; it is lost only if the committed row says so.
+_HEARTBEAT = text("""
+WITH held AS (SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS h(id, attempt)),
+free AS (SELECT b.id FROM batches b JOIN held h ON h.id = b.id AND h.attempt = b.attempts
+         WHERE b.status = 'running' ORDER BY b.id FOR UPDATE OF b SKIP LOCKED),
+renewed AS (UPDATE batches b SET heartbeat_at = now() FROM free f WHERE b.id = f.id RETURNING b.id)
+SELECT h.id FROM held h JOIN batches b ON b.id = h.id AND b.attempts = h.attempt AND b.status = 'running'""")
+
+
 @timed("heartbeat")
 def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
-    """Refresh the lease of every (batch, attempt) held; return the batches no longer ours."""
+    """Refresh the lease of every (batch, attempt) held that no one has locked; return the batches no longer ours."""
     if not held:
         return set()
     with sessions.begin() as s:
-        rows = s.execute(text(
-            "UPDATE batches SET heartbeat_at = now() "
-            "WHERE status = 'running' AND (id, attempts) IN (SELECT unnest(CAST(:ids AS bigint[])), "
-            "unnest(CAST(:attempts AS int[]))) RETURNING id"),
-            {"ids": list(held), "attempts": list(held.values())}).all()
-    return set(held) - {r[0] for r in rows}
+        ours = s.execute(_HEARTBEAT, {"ids": list(held), "attempts": list(held.values())}).scalars().all()
+    return set(held) - set(ours)
 
 
 @timed("release")
-def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, reason: str) -> None:
-    """Give a batch back (shutdown, paused run): queued again, attempt kept as history."""
+def release_batch(sessions: sessionmaker[Session], batch_id: int, attempt: int, *, reason: str,
+                  within_s: float = RELEASE_WITHIN_S) -> bool:
+    """Give a batch back (shutdown, paused run): queued again, attempt kept as history. False if it gave up.
+
+    Every try, its wait for a connection and its statement included, ends by ``within_s``
+    (a statement timeout, set per try from what is left): a shutdown's hand-back must be
+    over before the reaper's SIGKILL (worker/process/options.py ``HAND_BACK_S``). A release
+    that gives up leaves the batch running under its attempt: the caller retries it later
+    or leaves it to its lease, and never acknowledges its message as if it were done.
+    """
+    deadline = time.monotonic() + within_s
+
     def tx() -> None:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise _GaveUp
         with sessions.begin() as s:
+            s.execute(text(f"SET LOCAL statement_timeout = {left_ms}"))
             transitions.release(s, batch_id, attempt, reason=reason)
-    retry_db(tx, what=f"release batch {batch_id}", max_wait_s=20)
+
+    try:
+        retry_db(tx, what=f"release batch {batch_id}", max_wait_s=within_s, base_delay_s=0.1)
+    except (_GaveUp, OperationalError, PoolTimeout) as e:
+        log.warning("releasing batch %s attempt %s gave up after %.0f s (%s)", batch_id, attempt, within_s,
+                    type(e).__name__)
+        return False
+    return True
+
+
+class _GaveUp(Exception):
+    """A release's time ran out between two tries."""
 
 
 @timed("fail")

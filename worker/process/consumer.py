@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     @signals.worker_shutting_down.connect(weak=False)
     def _on_shutting_down(**_):
         # Warm shutdown waits for running tasks: make them hand their batches back now.
+        log.info("%s: shutting down, handing back its %d held batches within %.0f s", options.name,
+                 runtime.held_count(), options.hand_back_s)
         runtime.begin_shutdown()
 
     @signals.worker_shutdown.connect(weak=False)

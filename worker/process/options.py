@@ -17,6 +17,16 @@ from ledger.defaults import (
     DEFAULT_RECONCILE_S,
     QUEUED_GRACE_S,
 )
+from worker.process.reaper import REAP_GRACE_S
+
+#: How long a shutdown's hand-backs may take, from the SIGTERM on, each release included: well
+#: within the grace the reaper gives a worker before its SIGKILL (worker/process/reaper.py; the
+#: launcher's own 60 s is the longer), so a hand-back is never cut short, and what is left of the
+#: grace goes to the engine's shutdown. A release that cannot land by then is left to its lease.
+HAND_BACK_S = 0.6 * REAP_GRACE_S
+#: How long a release outside a shutdown (a hand-back, a wrong model, a dead engine) is retried
+#: before it gives up and is left to the heartbeat's retries: a Postgres restart is over within it.
+RELEASE_WITHIN_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -42,9 +52,20 @@ class WorkerOptions:
     #: after it was published gets a new one from the reconciler (ledger/reconcile.py).
     requeue_grace_s: float = QUEUED_GRACE_S
 
+    #: How long a shutdown's hand-backs may take from the SIGTERM on: below the reaper's grace
+    #: (``HAND_BACK_S`` above); a test shortens it, nothing else should.
+    hand_back_s: float = HAND_BACK_S
+    #: ``RELEASE_WITHIN_S`` above; a test shortens it.
+    release_s: float = RELEASE_WITHIN_S
+
     #: worker/engine/fake.py's spec (``tok_s=...,gpus=...``): a benchmark and test device that
     #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
     fake_engine: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.hand_back_s < REAP_GRACE_S:
+            raise ValueError(f"hand_back_s must be above 0 and below the reaper's grace of {REAP_GRACE_S:.0f} s, "
+                             f"got {self.hand_back_s}")
 
     def held_batches(self, max_num_seqs: int) -> int:
         """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
@@ -53,4 +74,5 @@ class WorkerOptions:
         from worker.engine.admission import batches_to_hold
 
         return self.concurrency if self.concurrency > 0 else batches_to_hold(max_num_seqs)
+
 

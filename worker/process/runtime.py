@@ -12,13 +12,14 @@ import math
 import os
 import signal
 import threading
+import time
 
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import RegenError
 from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
-from worker.batches.ledger_calls import heartbeat
+from worker.batches.ledger_calls import heartbeat, release_batch
 from worker.conversation.rendering import Renderer
 from worker.engine.admission import ASSUMED_BATCH_SIZE
 from worker.engine.host import EngineHost
@@ -27,8 +28,15 @@ from worker.process.options import WorkerOptions
 
 log = logging.getLogger(__name__)
 
-#: Ledger connections of one worker process: kept open, and at most this many more at a burst.
-DB_POOL_SIZE, DB_MAX_OVERFLOW = 2, 2
+#: Ledger connections of the task threads of one worker process (claims, commits, releases, the
+#: reconciler, the backlog probe): kept open, and at most this many more at a burst.
+DB_POOL_SIZE, DB_MAX_OVERFLOW = 2, 1
+#: The heartbeat's own connection (issue 36): one, which no task thread can take, so the leases
+#: of every held batch are renewed however long commits queue for the pool above.
+LIVENESS_POOL_SIZE = 1
+#: What a worker process holds at most, the figure nodes and the farm's pooler are sized by
+#: (docs/deploy.md, "Connections").
+DB_CONNECTIONS_PER_PROCESS = DB_POOL_SIZE + DB_MAX_OVERFLOW + LIVENESS_POOL_SIZE
 
 
 class WrongModel(RegenError):
@@ -44,10 +52,16 @@ class WorkerRuntime:
         self.settings = settings
         self.options = options
         # Threads touch the ledger briefly (claim, commit: milliseconds); dozens of held batches
-        # share a few connections. DB_POOL_SIZE + DB_MAX_OVERFLOW per process is what a node
-        # and a farm are sized by (docs/deploy.md, "Connections"): 4 per GPU process.
+        # share a few connections, and wait for one when the ledger is slow (up to pool_timeout:
+        # a lease is not at stake while they wait, the heartbeat below keeps it).
         self.db = make_engine(settings, pool_size=DB_POOL_SIZE, max_overflow=DB_MAX_OVERFLOW, pool_timeout=120)
         self.sessions = make_sessionmaker(self.db)
+        # The heartbeat's: nobody else checks it out while the process runs, so it never waits
+        # for one (pool_timeout only bounds the shutdown's hand-backs, which borrow it once the
+        # heartbeat has stopped: worker/batches/delivery.py).
+        self.liveness_db = make_engine(settings, pool_size=LIVENESS_POOL_SIZE, max_overflow=0,
+                                       pool_timeout=options.hand_back_s)
+        self.liveness_sessions = make_sessionmaker(self.liveness_db)
         self.store = ObjectStore.from_settings(settings)
         self.shutting_down = threading.Event()
         self._engine: EngineHost | None = None
@@ -57,6 +71,12 @@ class WorkerRuntime:
         self._held_peak = 0
         self._lost: set[int] = set()
         self._held_lock = threading.Lock()
+        #: Hand-backs whose release gave up: (attempt, reason) by batch. The heartbeat keeps their
+        #: leases and retries the release every beat, so a slow ledger costs them no failure.
+        self._unreleased: dict[int, tuple[int, str]] = {}
+        #: Batches this process handed back, and when (monotonic): not taken again within a probe period.
+        self._handed_back: dict[int, float] = {}
+        self._shutdown_at: float | None = None
         self._hb_thread: threading.Thread | None = None
         self._engine_death_seen = False
         #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
@@ -107,16 +127,63 @@ class WorkerRuntime:
         return self._engine
 
     # -- in-flight batches and their leases ---------------------------------------------------
-    def hold(self, batch_id: int, attempt: int) -> None:
+    def hold(self, batch_id: int, attempt: int) -> bool:
+        """Hold the batch's attempt; False if this process holds that attempt already (a duplicate delivery)."""
         with self._held_lock:
+            if self._held.get(batch_id) == attempt:
+                return False
             self._held[batch_id] = attempt
             self._lost.discard(batch_id)
             self._held_peak = max(self._held_peak, len(self._held))
+            return True
 
     def drop(self, batch_id: int) -> None:
         with self._held_lock:
             self._held.pop(batch_id, None)
             self._lost.discard(batch_id)
+
+    # -- hand-backs -----------------------------------------------------------------------------
+    def handed_back(self, batch_id: int) -> None:
+        """Remember a batch this process gave back, so that it does not take it again at once."""
+        now = time.monotonic()
+        with self._held_lock:
+            self._handed_back = {b: t for b, t in self._handed_back.items() if now - t < self.options.heartbeat_s}
+            self._handed_back[batch_id] = now
+
+    def handed_back_recently(self, batch_id: int) -> float:
+        """Seconds until this process may take ``batch_id`` again (0: now): one probe period after it handed it back.
+
+        The probe (worker/batches/holding.py) runs once per heartbeat period: within one, the
+        worker's share has not been read again, and a hand-back taken straight back is only churn
+        (a claim, an attempt, a release) while the workers it was handed back for wait for it.
+        """
+        with self._held_lock:
+            at = self._handed_back.get(batch_id)
+        return 0.0 if at is None else max(0.0, at + self.options.heartbeat_s - time.monotonic())
+
+    def release_later(self, batch_id: int, attempt: int, reason: str) -> None:
+        """A hand-back whose release gave up: the heartbeat keeps its lease and retries the release each beat."""
+        with self._held_lock:
+            self._unreleased[batch_id] = (attempt, reason)
+
+    def unreleased(self) -> dict[int, int]:
+        with self._held_lock:
+            return {b: a for b, (a, _) in self._unreleased.items()}
+
+    def hand_back_left_s(self) -> float:
+        """Time left for a shutdown's hand-backs (``options.hand_back_s`` from the shutdown's start)."""
+        start = self._shutdown_at if self._shutdown_at is not None else time.monotonic()
+        return max(0.0, start + self.options.hand_back_s - time.monotonic())
+
+    def _retry_releases(self, within_s: float) -> None:
+        with self._held_lock:
+            pending = dict(self._unreleased)
+        for batch_id, (attempt, reason) in pending.items():
+            if not release_batch(self.liveness_sessions, batch_id, attempt, reason=reason, within_s=within_s):
+                return  # the ledger is still out of reach: the rest wait for the next beat, not the heartbeat
+            log.info("batch %s attempt %s released at last (%s)", batch_id, attempt, reason)
+            with self._held_lock:
+                self._unreleased.pop(batch_id, None)
 
     def held_count(self) -> int:
         with self._held_lock:
@@ -178,11 +245,14 @@ class WorkerRuntime:
         self._hb_thread.start()
 
     def _heartbeat_loop(self) -> None:
+        # On the liveness engine: no task thread waits for its connection, so however many commits
+        # queue for the pool behind a slow ledger, every lease is renewed each beat (issue 36).
         while not self.shutting_down.wait(self.options.heartbeat_s):
             with self._held_lock:
                 held = dict(self._held)
+                held.update({b: a for b, (a, _) in self._unreleased.items()})
             try:
-                lost = heartbeat(self.sessions, held)
+                lost = heartbeat(self.liveness_sessions, held)
             except Exception as e:  # noqa: BLE001 - a ledger outage must not kill the heartbeat thread
                 log.warning("heartbeat failed (%s); retrying in %ss", type(e).__name__, self.options.heartbeat_s)
                 continue
@@ -190,6 +260,10 @@ class WorkerRuntime:
                 log.warning("batches %s were taken over by a newer attempt; abandoning them", sorted(lost))
                 with self._held_lock:
                     self._lost |= lost & set(self._held)
+                    for batch_id in lost & set(self._unreleased):
+                        del self._unreleased[batch_id]  # another attempt has it: nothing left to give back
+            if self._unreleased:
+                self._retry_releases(within_s=max(0.5, self.options.heartbeat_s / 2))
 
     # -- reconciler ---------------------------------------------------------------------------
     def start_reconciler(self, app) -> None:
@@ -212,6 +286,8 @@ class WorkerRuntime:
 
     # -- shutdown ---------------------------------------------------------------------------
     def begin_shutdown(self) -> None:
+        if self._shutdown_at is None:
+            self._shutdown_at = time.monotonic()
         self.shutting_down.set()
 
     def first_to_see_engine_death(self) -> bool:
@@ -226,6 +302,13 @@ class WorkerRuntime:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:
+        if self._unreleased:
+            # A last try for the hand-backs that gave up; what is still left goes to its lease.
+            self._retry_releases(within_s=max(0.5, self.hand_back_left_s()))
+            if self._unreleased:
+                log.warning("batches %s could not be handed back; their leases expire in %.0f s",
+                            sorted(self._unreleased), self.options.lease_s)
         if self._engine is not None:
             self._engine.shutdown()
         self.db.dispose()
+        self.liveness_db.dispose()

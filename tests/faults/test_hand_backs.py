@@ -1,0 +1,191 @@
+"""Hand-backs and claims cost no failure (issue 36, part 4), against the real Postgres (no engine).
+
+The ledger's network is broken the way a real one breaks, through a TCP proxy in front of the
+test's Postgres (tests/support/pg_proxy.py): every connection dropped and new ones refused, or
+one connection cut at its COMMIT, before the server saw it or after it committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+
+from ledger.db import make_sessionmaker
+from ledger.dispatch import BatchMessage
+from ledger.settings import sqlalchemy_url
+from tests.faults.ledger_setup import submit
+from tests.support.helpers import wait_for
+from tests.support.pg_proxy import PgProxy
+from worker.batches.delivery import Requeue, _hand_back, run_batch
+from worker.batches.ledger_calls import ClaimOutcome, claim_batch, heartbeat
+from worker.process.options import HAND_BACK_S, WorkerOptions
+from worker.process.reaper import REAP_GRACE_S
+from worker.process.runtime import WorkerRuntime
+
+LEASE_S = 30.0
+
+
+@pytest.fixture
+def proxy(settings):
+    host_port = settings.database_url.rsplit("@", 1)[-1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    p = PgProxy(host, int(port))
+    yield p
+    p.close()
+
+
+def _proxied_sessions(proxy: PgProxy, settings):
+    engine = create_engine(sqlalchemy_url(proxy.url(settings.database_url)), pool_pre_ping=True, pool_size=1,
+                           max_overflow=0)
+    return engine, make_sessionmaker(engine)
+
+
+def _batch(sessions, seq: int = 1):
+    with sessions() as s:
+        return s.execute(text("SELECT b.id, b.seq, b.run_id, b.input_key, r.name FROM batches b "
+                              "JOIN runs r ON r.id = b.run_id ORDER BY b.seq OFFSET :o LIMIT 1"),
+                         {"o": seq - 1}).one()
+
+
+def _row(sessions, batch_id: int):
+    with sessions() as s:
+        return s.execute(text("SELECT status, attempts, failures, worker, stale_deliveries, heartbeat_at, error "
+                              "FROM batches WHERE id = :b"), {"b": batch_id}).one()
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_a_claim_whose_commit_got_no_answer_is_resolved_by_reading_the_row(where, settings, sessions, proxy,
+                                                                           tmp_path, s3_bucket):
+    submit(settings, sessions, tmp_path, s3_bucket, run="amb", n=4, batch_size=4)
+    batch = _batch(sessions)
+    engine, proxied = _proxied_sessions(proxy, settings)
+    try:
+        proxy.cut_next_commit(where)
+        claim = claim_batch(proxied, batch.id, worker="w@amb", lease_s=LEASE_S)
+    finally:
+        engine.dispose()
+    # The premise: the claim's COMMIT was cut, on the side the test means.
+    assert proxy.cuts == {"before": int(where == "before"), "after": int(where == "after")}
+    row = _row(sessions, batch.id)
+    # Ours either way: committed (read back) or not (claimed again); never "held elsewhere", never a stale delivery.
+    assert claim.outcome is ClaimOutcome.CLAIMED, claim
+    assert (row.status, row.attempts, row.worker, row.stale_deliveries) == ("running", claim.attempt, "w@amb", 0)
+    assert claim.attempt == 1
+
+
+def test_a_heartbeat_skips_a_locked_row_renews_the_others_and_does_not_call_it_lost(settings, sessions, tmp_path,
+                                                                                     s3_bucket):
+    submit(settings, sessions, tmp_path, s3_bucket, run="hb", n=3, batch_size=1)
+    held = {}
+    for seq in (1, 2, 3):
+        b = _batch(sessions, seq)
+        held[b.id] = claim_batch(sessions, b.id, worker="w@hb", lease_s=LEASE_S).attempt
+    locked = next(iter(held))
+    before = {b: _row(sessions, b).heartbeat_at for b in held}
+    time.sleep(0.01)  # now() moves on: a renewed lease is a later timestamp
+    locker = psycopg.connect(settings.database_url, autocommit=False)
+    try:
+        locker.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (locked,))  # as a commit in flight holds it
+        result: dict = {}
+        beat = threading.Thread(target=lambda: result.update(lost=heartbeat(sessions, held)), daemon=True)
+        beat.start()
+        beat.join(timeout=30)
+        assert not beat.is_alive(), "the heartbeat waited on the locked row"
+    finally:
+        locker.rollback()
+        locker.close()
+    assert result["lost"] == set()
+    after = {b: _row(sessions, b).heartbeat_at for b in held}
+    assert after[locked] == before[locked]
+    assert all(after[b] > before[b] for b in held if b != locked)
+
+
+def _runtime(settings, proxy: PgProxy, **options) -> WorkerRuntime:
+    proxied = dataclasses.replace(settings, database_url=proxy.url(settings.database_url))
+    defaults = {"name": "w@handback", "lease_s": LEASE_S, "heartbeat_s": 0.5, "reconcile_s": 0}
+    return WorkerRuntime(proxied, WorkerOptions(**{**defaults, **options}))
+
+
+def test_a_hand_back_whose_release_gives_up_is_retried_by_the_heartbeat_and_costs_no_failure(
+        settings, sessions, proxy, tmp_path, s3_bucket):
+    submit(settings, sessions, tmp_path, s3_bucket, run="hb2", n=4, batch_size=4)
+    batch = _batch(sessions)
+    rt = _runtime(settings, proxy, release_s=1.5)
+    try:
+        claim = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S)
+        assert rt.hold(batch.id, claim.attempt)
+        rt.start_heartbeats()
+        proxy.down()  # the ledger is unreachable from this worker
+        _hand_back(rt, batch.id, claim.attempt, "handed back before it started: test")
+        rt.drop(batch.id)  # what run_batch's finally does; its Requeue sends the message back, never an ack
+        # The premise: the release gave up (the batch is still ours, running), and is remembered.
+        assert rt.unreleased() == {batch.id: claim.attempt}
+        assert _row(sessions, batch.id).status == "running"
+        proxy.up()
+        wait_for(lambda: _row(sessions, batch.id).status == "queued", timeout_s=30, interval_s=0.2,
+                 what="the heartbeat releasing the batch once the ledger is back")
+        row = _row(sessions, batch.id)
+        assert (row.failures, row.worker, row.error) == (0, None, "handed back before it started: test")
+        assert rt.unreleased() == {}
+    finally:
+        rt.begin_shutdown()
+        rt.close()
+
+
+def test_a_worker_does_not_take_back_its_own_hand_back_within_a_probe_period(settings, sessions, proxy, tmp_path,
+                                                                           s3_bucket):
+    submit(settings, sessions, tmp_path, s3_bucket, run="own", n=4, batch_size=4)
+    batch = _batch(sessions)
+    rt = _runtime(settings, proxy, heartbeat_s=2.0)
+    msg = BatchMessage(run=batch.name, run_id=batch.run_id, batch_id=batch.id, seq=batch.seq,
+                       input_key=batch.input_key)
+    try:
+        rt.handed_back(batch.id)
+        assert 0 < rt.handed_back_recently(batch.id) <= rt.options.heartbeat_s
+        with pytest.raises(Requeue, match="handed back by this worker"):
+            run_batch(rt, msg)
+        row = _row(sessions, batch.id)
+        assert (row.status, row.attempts, row.stale_deliveries) == ("queued", 0, 0)  # not claimed, not counted
+        wait_for(lambda: rt.handed_back_recently(batch.id) == 0, timeout_s=10, interval_s=0.1,
+                 what="the probe period passing")
+        # After it, the worker may take it like any other batch.
+        assert claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S).outcome \
+            is ClaimOutcome.CLAIMED
+    finally:
+        rt.begin_shutdown()
+        rt.close()
+
+
+def test_a_shutdowns_hand_back_ends_before_the_reapers_kill_even_with_the_ledger_gone(
+        settings, sessions, proxy, tmp_path, s3_bucket):
+    assert 0 < HAND_BACK_S < REAP_GRACE_S
+    with pytest.raises(ValueError, match="below the reaper's grace"):
+        WorkerOptions(name="w", hand_back_s=REAP_GRACE_S)
+    submit(settings, sessions, tmp_path, s3_bucket, run="sd", n=4, batch_size=4)
+    batch = _batch(sessions)
+    rt = _runtime(settings, proxy)  # the production hand-back time
+    try:
+        claim = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S)
+        assert rt.hold(batch.id, claim.attempt)
+        proxy.down()
+        rt.begin_shutdown()  # the SIGTERM: the reaper's grace starts now
+        started = time.monotonic()
+        done = threading.Thread(target=_hand_back, args=(rt, batch.id, claim.attempt, "handed back at shutdown"),
+                                kwargs={"at_shutdown": True}, daemon=True)
+        done.start()
+        done.join(timeout=REAP_GRACE_S)
+        assert not done.is_alive(), "the hand-back was still running when the reaper's SIGKILL would come"
+        took_s = time.monotonic() - started
+        assert rt.unreleased() == {batch.id: claim.attempt}  # the premise: it could not land, it gave up
+        print(f"hand-back gave up after {took_s:.1f} s (HAND_BACK_S {HAND_BACK_S:.0f}, reaper {REAP_GRACE_S:.0f})")
+    finally:
+        proxy.up()
+        rt.close()
+    # close() made a last try, the ledger being back: released, no failure.
+    row = _row(sessions, batch.id)
+    assert (row.status, row.failures) == ("queued", 0)
