@@ -154,8 +154,10 @@ def play(farm: Farm, run_id: int, batch_ids: list[int], name: str, *, gpus: int,
             setattr(load, field, getattr(load, field) + 1)
 
     def error(e: Exception) -> None:
+        # Ours say what happened to the batch (fenced off: its lease expired and another attempt took it).
+        kind = str(e).split(": ", 1)[1] if isinstance(e, RuntimeError) and ": " in str(e) else type(e).__name__
         with lock:
-            load.errors[type(e).__name__] += 1
+            load.errors[kind] += 1
 
     due: queue.Queue = queue.Queue()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pwd
 import shutil
 import tempfile
 import threading
@@ -108,7 +109,10 @@ max_client_conn = {MAX_CLIENT_CONN}
 logfile = {workdir}/pgbouncer.log
 pidfile = {workdir}/pgbouncer.pid
 """)
-    argv = [binary, config] if os.geteuid() != 0 else [binary, "-u", "nobody", config]
+    # As root PgBouncer must name a user to run as: nobody, or for a Unix socket (an embedded Postgres,
+    # whose socket is in its 0700 data folder) the socket folder's owner, who alone can reach it.
+    run_as = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "nobody"
+    argv = [binary, config] if os.geteuid() != 0 else [binary, "-u", run_as, config]
     url = f"postgresql://{user}@127.0.0.1:{port}/{database}"
     env = {**os.environ, TAG_ENV: f"{launch_id}/pgbouncer"}  # found by the reaper should the bench die
     with running_pgbouncer(argv, url, workdir, env=env, why=lambda: f"see {workdir}/pgbouncer.log"):
