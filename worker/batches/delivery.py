@@ -53,6 +53,10 @@ class Outcome:
 def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
     if rt.shutting_down.is_set():
         raise Requeue("worker is shutting down")
+    if rt.stop_taking.is_set():
+        # Delivered as its consumer was being cancelled (worker/process/deadline.py): not claimed,
+        # so another worker takes it with no attempt counted.
+        raise Requeue("this worker's job ends soon: taking no new batch")
     claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s)
     if claim.outcome is not ClaimOutcome.CLAIMED:
         # done/dead: nothing to do. Held elsewhere: a duplicate delivery. Paused run:

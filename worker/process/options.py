@@ -46,6 +46,16 @@ class WorkerOptions:
     #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
     fake_engine: str | None = None
 
+    #: Wall-clock time (epoch seconds) after which this process takes no new batch: it stops
+    #: consuming, lets the batches it holds commit, and waits for SIGTERM (worker/process/deadline.py).
+    #: Set by ``regen worker`` from a SLURM job's end (worker/process/slurm.py); None: never.
+    stop_taking_at: float | None = None
+    #: How long before a SLURM job's end its workers stop taking batches. At the sizing assumptions
+    #: (docs/deploy.md: 0.10 commits/s per GPU) a GPU commits a batch every ~10 s, so 10 min commits
+    #: ~60 of the ~122 it holds; the rest are handed back at the job's ``--signal=B:TERM@<grace>``.
+    #: Longer wastes GPU time at the end as the engine empties; 0 turns the drain off.
+    drain_before_end_s: float = 600.0
+
     def held_batches(self, max_num_seqs: int) -> int:
         """The Celery threads to start: ``concurrency`` if set, else derived from the engine."""
         # Imported here: admission imports asyncio (~20 ms), and the CLI imports this module for
