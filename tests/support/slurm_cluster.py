@@ -137,7 +137,7 @@ class SlurmCluster:
             "SlurmdParameters=config_overrides",
         ]
         for node in self.nodes:
-            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname=localhost Port={_free_port()} "
+            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} Port={_free_port()} "
                          f"CPUs={self.cpus_per_node} RealMemory=2000 State=UNKNOWN")
         lines.append(f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
                      "OverSubscribe=NO")
@@ -163,10 +163,10 @@ class SlurmCluster:
             time.sleep(0.2)
 
     # -- commands -------------------------------------------------------------------------------
-    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None, timeout_s: float = 30
-            ) -> subprocess.CompletedProcess:
+    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout_s: float = 30) -> subprocess.CompletedProcess:
         proc = subprocess.run([which(argv[0]) or argv[0], *argv[1:]], capture_output=True, text=True,
-                              env={**os.environ, **(env or {}), **self.env()}, timeout=timeout_s)
+                              env={**os.environ, **(env or {}), **self.env()}, cwd=cwd, timeout=timeout_s)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc

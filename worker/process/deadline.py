@@ -21,7 +21,8 @@ CANCEL_REPLY_S = 5.0
 
 
 def watch_deadline(at: float, *, stop_taking: threading.Event, stopping: threading.Event,
-                   cancel: Callable[[], bool], held: Callable[[], int], name: str) -> threading.Thread:
+                   cancel: Callable[[], bool], held: Callable[[], int], name: str,
+                   retry_s: float = CANCEL_REPLY_S) -> threading.Thread:
     """Start the thread that, at epoch ``at``, sets ``stop_taking`` and calls ``cancel`` until it succeeds."""
 
     def run() -> None:
@@ -36,7 +37,7 @@ def watch_deadline(at: float, *, stop_taking: threading.Event, stopping: threadi
                     return
             except Exception as e:  # noqa: BLE001 - the broker may be away; deliveries are refused meanwhile
                 log.warning("%s: could not cancel its consumers yet (%s: %s)", name, type(e).__name__, e)
-            stopping.wait(CANCEL_REPLY_S)
+            stopping.wait(retry_s)
 
     thread = threading.Thread(target=run, name="deadline", daemon=True)
     thread.start()

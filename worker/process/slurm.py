@@ -84,10 +84,13 @@ class SlurmJob:
         return name
 
     def stop_taking_at(self, drain_s: float, *, now: float) -> float | None:
-        """When to stop taking new batches: ``drain_s`` before the end, never before ``now``."""
+        """When to stop taking new batches: ``drain_s`` before the end, but in the job's second half.
+
+        A job shorter than twice the drain still works its first half instead of never taking a batch.
+        """
         if self.end_time is None or drain_s <= 0:
             return None
-        return max(now, self.end_time - drain_s)
+        return max(now + (self.end_time - now) / 2, self.end_time - drain_s)
 
     def describe(self, *, now: float) -> str:
         """The start line's account of the job: ``slurm job 42.0 (array 40_2) on n1, restart 1, GPUs 0,1, 3599 s left``."""
@@ -96,7 +99,7 @@ class SlurmJob:
         if self.restarts:
             parts.append(f"restart {self.restarts}")
         parts.append(f"GPUs {','.join(self.gpus)}" if self.gpus else "no GPU allocated")
-        parts.append(f"{self.end_time - now:.0f} s left" if self.end_time is not None else "no time limit read")
+        parts.append(f"{self.end_time - now:.0f} s left" if self.end_time is not None else "no time limit")
         return ", ".join(parts)
 
 
@@ -124,7 +127,7 @@ def _end_time(env: Mapping[str, str], job_id: str, now: float,
     try:
         left = parse_time_left(time_left(job_id))
     except (OSError, subprocess.SubprocessError, ConfigError, IndexError) as e:
-        log.warning("could not read the time left of SLURM job %s (%s): no deadline", job_id, e)
+        log.warning("could not read the time left of SLURM job %s (%s): taking batches until SIGTERM", job_id, e)
         return None
     return None if left is None else now + left
 
