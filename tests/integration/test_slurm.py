@@ -143,7 +143,9 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
            TEST_MARK_ENV: mark,
            # The script's settings, as a user exports them before sbatch:
            "REGEN": str(_wrapper(tmp_path)), "REGEN_GPUS": "none", "REGEN_MODEL": str(tiny_model),
-           "REGEN_WORKER_ARGS": f"--concurrency 2 --engine-arg max_model_len=4096 {FAST_LEASES}"}
+           # enforce_eager: no torch.compile, which costs each of the five engine starts a minute or more.
+           "REGEN_WORKER_ARGS": f"--concurrency 2 --engine-arg max_model_len=4096 --engine-arg enforce_eager=true "
+                                f"{FAST_LEASES}"}
     jobs = Jobs(slurm, env, tmp_path)
     run, output = "slurm", f"{s3_bucket}/regen/slurm"
     # Random weights: every request runs to max_tokens, so each batch is a predictable stretch of work.
@@ -185,29 +187,33 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
 
     # 2. A job array of one-node jobs; task 0 gets the time-limit notice and requeues itself.
     array = jobs.submit("--array=0-1", "--exclusive", "--time=30")
-    tasks = _array_tasks(slurm, array, 2, jobs)
-    for t in tasks:
+    # Tasks are named <array>_<index> to scancel: one of them has the array's own id as its job id,
+    # and that id names the whole array.
+    notified_ref, other_ref = f"{array}_0", f"{array}_1"
+    notified, other = (_task_id(slurm, ref, jobs) for ref in (notified_ref, other_ref))
+    for t in (notified, other):
         jobs.watch(t)
-    notified, other = tasks
     like_notified = f"%@n_-{notified}.0"
     wait_for(lambda: _by_worker(sessions, run, like_notified, "running"), timeout_s=JOB_TIMEOUT_S,
-             what=f"array task {notified} running a batch", interval_s=0.5, on_timeout=jobs.logs)
-    slurm.run("scancel", "--batch", "--signal=TERM", notified)
+             what=f"array task {notified_ref} running a batch", interval_s=0.5, on_timeout=jobs.logs)
+    slurm.run("scancel", "--batch", "--signal=TERM", notified_ref)
     like_resumed = f"%@n_-{notified}.0-r1"
-    wait_for(lambda: slurm.job(notified).get("Restarts") == "1" and jobs.state(notified) == "RUNNING",
-             timeout_s=180, what=f"task {notified} requeued and running again", interval_s=0.5,
+    wait_for(lambda: slurm.job(notified_ref).get("Restarts") == "1" and jobs.state(notified_ref) == "RUNNING",
+             timeout_s=180, what=f"task {notified_ref} requeued and running again", interval_s=0.5,
              on_timeout=jobs.logs)
+    assert jobs.state(other_ref) == "RUNNING" and slurm.job(other_ref).get("Restarts") == "0", \
+        "the notice to one task reached another"
     # The resumed job takes batches again (its workers are named for the restart).
     wait_for(lambda: _by_worker(sessions, run, like_resumed, "running"), timeout_s=JOB_TIMEOUT_S,
-             what=f"requeued task {notified} running a batch", interval_s=0.5, on_timeout=jobs.logs)
+             what=f"requeued task {notified_ref} running a batch", interval_s=0.5, on_timeout=jobs.logs)
     out = (tmp_path / f"regen-worker-{notified}.out").read_text()
-    assert "SIGTERM: the workers hand their batches back" in out and f"requeueing job {notified}" in out, out
+    assert "SIGTERM: the workers hand their batches back" in out and f"requeueing job {notified_ref}" in out, out
 
     # 3. The resumed task is hard-cancelled mid-batch: SIGKILL to everything of it at once.
     killed_holding = _by_worker(sessions, run, like_resumed, "running")
-    slurm.run("scancel", "--full", "--signal=KILL", notified)
-    wait_for(lambda: jobs.state(notified) not in ("RUNNING", "COMPLETING"), timeout_s=120,
-             what=f"task {notified} gone after SIGKILL", interval_s=0.5, on_timeout=jobs.logs)
+    slurm.run("scancel", "--full", "--signal=KILL", notified_ref)
+    wait_for(lambda: jobs.state(notified_ref) not in ("RUNNING", "COMPLETING"), timeout_s=120,
+             what=f"task {notified_ref} gone after SIGKILL", interval_s=0.5, on_timeout=jobs.logs)
     _assert_nothing_left(slurm, jobs, notified)
     # Its batches come back with their leases; the other task finishes the run.
     final = wait_for(lambda: _finished(env, run), timeout_s=JOB_TIMEOUT_S * 2, what="the run finished",
@@ -218,9 +224,10 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
 
     # 4. A user cancel ends the array for good: SIGTERM, hand-back, no requeue.
     slurm.run("scancel", array)
-    wait_for(lambda: jobs.state(other) not in ("RUNNING", "COMPLETING", "PENDING"), timeout_s=120,
-             what=f"task {other} ended after scancel", interval_s=0.5, on_timeout=jobs.logs)
-    assert jobs.state(other) == "CANCELLED" and slurm.job(other).get("Restarts") == "0", slurm.job(other)
+    wait_for(lambda: jobs.state(other_ref) not in ("RUNNING", "COMPLETING", "PENDING"), timeout_s=120,
+             what=f"task {other_ref} ended after scancel", interval_s=0.5, on_timeout=jobs.logs)
+    assert jobs.state(other_ref) == "CANCELLED" and slurm.job(other_ref).get("Restarts") == "0", \
+        slurm.job(other_ref)
     out = (tmp_path / f"regen-worker-{other}.out").read_text()
     assert "not requeued" in out, out
 
@@ -228,7 +235,7 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
     row = account(sessions, run, expected_ids=expected)
     assert row.lost == 0 and row.dup_ledger == 0 and row.dup_outputs == 0, row
     assert row.done == row.expected == 290
-    for job_id in (first, *tasks):
+    for job_id in (first, notified, other):
         _assert_nothing_left(slurm, jobs, job_id)
     assert not _marked(mark), _marked(mark)
     for w in jobs.watches.values():
@@ -247,18 +254,13 @@ def _finished(env: dict[str, str], run: str):
     return s if s["samples"]["pending"] == 0 and s["batches"]["running"] == 0 else None
 
 
-def _array_tasks(slurm: SlurmCluster, array: str, n: int, jobs: Jobs) -> list[str]:
-    """The job ids of the array's tasks, in task order, once each has its own."""
-    def ids():
-        out = slurm.run("squeue", "-h", "-r", "-j", array, "-o", "%i %A", check=False).stdout
-        found = {}
-        for line in out.split("\n"):
-            if line.split() and "_" in line.split()[0] and "[" not in line:
-                name, job_id = line.split()
-                found[int(name.split("_")[1])] = job_id
-        return [found[i] for i in range(n)] if len(found) == n else None
+def _task_id(slurm: SlurmCluster, ref: str, jobs: Jobs) -> str:
+    """The job id of array task ``ref`` (``<array>_<index>``), once SLURM has given it one of its own."""
+    def job_id():
+        fields = slurm.job(ref)
+        return fields.get("JobId") if fields.get("JobState") == "RUNNING" else None
 
-    return wait_for(ids, timeout_s=60, what=f"array {array}'s {n} tasks", interval_s=0.5, on_timeout=jobs.logs)
+    return wait_for(job_id, timeout_s=60, what=f"array task {ref} running", interval_s=0.5, on_timeout=jobs.logs)
 
 
 def _assert_nothing_left(slurm: SlurmCluster, jobs: Jobs, job_id: str) -> None:
