@@ -136,6 +136,9 @@ def _wrapper(tmp_path: Path) -> Path:
     return path
 
 
+# Five engine starts, one after another's job ends: minutes on an idle 2-core machine, most of an hour
+# on a shared one (the suite's 30-minute default cut it off on 2026-12-02, at a load average of 50).
+@pytest.mark.timeout(3600)
 def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
         slurm, settings, s3_env, s3_bucket, sessions, tiny_model, tmp_path):
     mark = uuid.uuid4().hex
