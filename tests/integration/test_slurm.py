@@ -8,9 +8,10 @@ runs the bundled sample through it while SLURM does to the jobs what a cluster d
 1. a 2-node job is preempted mid-batch with ``scancel --signal=TERM`` (its steps get SIGTERM):
    its workers hand their batches back, uncounted as failures, and the job ends;
 2. a one-node job array takes over; one task gets the time-limit notice (``--signal=B:TERM``,
-   sent here by ``scancel --batch --signal=TERM``): it hands back, requeues itself and resumes;
-3. the resumed task is hard-cancelled mid-batch (``scancel --full --signal=KILL``): its batches
-   come back when their leases expire, and the other task finishes the run;
+   sent here by ``scancel --batch --signal=TERM``): it hands back and requeues itself;
+3. meanwhile the other task is hard-cancelled mid-batch (``scancel --full --signal=KILL``); the
+   requeued task resumes and finishes the run, the killed task's batches among it once their
+   leases expire;
 4. the array is cancelled (``scancel``): it ends and is not requeued.
 
 Every sample ends done exactly once (the ledger and the shards), and nothing any job ran is
@@ -196,43 +197,45 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
     notified, other = (_task_id(slurm, ref, jobs) for ref in (notified_ref, other_ref))
     for t in (notified, other):
         jobs.watch(t)
-    like_notified = f"%@n_-{notified}.0"
-    wait_for(lambda: _by_worker(sessions, run, like_notified, "running"), timeout_s=JOB_TIMEOUT_S,
-             what=f"array task {notified_ref} running a batch", interval_s=0.5, on_timeout=jobs.logs)
+    like_notified, like_other = f"%@n_-{notified}.0", f"%@n_-{other}.0"
+    wait_for(lambda: _by_worker(sessions, run, like_notified, "running")
+             and _by_worker(sessions, run, like_other, "running"), timeout_s=JOB_TIMEOUT_S,
+             what="both array tasks running batches", interval_s=0.5, on_timeout=jobs.logs)
     slurm.run("scancel", "--batch", "--signal=TERM", notified_ref)
+
+    # 3. Meanwhile the other task is hard-cancelled mid-batch: SIGKILL to everything of it at once.
+    killed_holding = wait_for(lambda: _by_worker(sessions, run, like_other, "running"), timeout_s=60,
+                              what=f"task {other_ref} still running a batch", interval_s=0.2, on_timeout=jobs.logs)
+    slurm.run("scancel", "--full", "--signal=KILL", other_ref)
+    wait_for(lambda: jobs.state(other_ref) not in ("RUNNING", "COMPLETING"), timeout_s=120,
+             what=f"task {other_ref} gone after SIGKILL", interval_s=0.5, on_timeout=jobs.logs)
+    assert slurm.job(other_ref).get("Restarts") == "0", "a killed job is not requeued"
+    _assert_nothing_left(slurm, jobs, other)
+
+    # The notified task requeued itself and resumes, under a name of its restart, and finishes the
+    # run: what it handed back, and the killed task's batches once their leases expired.
     like_resumed = f"%@n_-{notified}.0-r1"
     wait_for(lambda: slurm.job(notified_ref).get("Restarts") == "1" and jobs.state(notified_ref) == "RUNNING",
-             timeout_s=180, what=f"task {notified_ref} requeued and running again", interval_s=0.5,
+             timeout_s=300, what=f"task {notified_ref} requeued and running again", interval_s=0.5,
              on_timeout=jobs.logs)
-    assert jobs.state(other_ref) == "RUNNING" and slurm.job(other_ref).get("Restarts") == "0", \
-        "the notice to one task reached another"
-    # The resumed job takes batches again (its workers are named for the restart).
-    wait_for(lambda: _by_worker(sessions, run, like_resumed, "running"), timeout_s=JOB_TIMEOUT_S,
-             what=f"requeued task {notified_ref} running a batch", interval_s=0.5, on_timeout=jobs.logs)
     out = (tmp_path / f"regen-worker-{notified}.out").read_text()
     assert "SIGTERM: the workers hand their batches back" in out and f"requeueing job {notified_ref}" in out, out
-
-    # 3. The resumed task is hard-cancelled mid-batch: SIGKILL to everything of it at once.
-    killed_holding = _by_worker(sessions, run, like_resumed, "running")
-    slurm.run("scancel", "--full", "--signal=KILL", notified_ref)
-    wait_for(lambda: jobs.state(notified_ref) not in ("RUNNING", "COMPLETING"), timeout_s=120,
-             what=f"task {notified_ref} gone after SIGKILL", interval_s=0.5, on_timeout=jobs.logs)
-    _assert_nothing_left(slurm, jobs, notified)
-    # Its batches come back with their leases; the other task finishes the run.
     final = wait_for(lambda: _finished(env, run), timeout_s=JOB_TIMEOUT_S * 2, what="the run finished",
                      interval_s=2, on_timeout=jobs.logs)
     assert final["samples"]["done"] == 290 and final["samples"]["failed"] == 0
-    assert not killed_holding & _by_worker(sessions, run, like_resumed, "done")
-    assert _by_worker(sessions, run, f"%@n_-{other}.0", "done"), "the other task committed nothing"
+    assert _by_worker(sessions, run, like_resumed, "done"), "the requeued task committed nothing"
+    killed = _batches(sessions, killed_holding)
+    # Each came back through its lease, one failed attempt counted, and was done by the resumed task.
+    assert all(b.status == "done" and b.failures == 1 and b.worker.endswith("-r1") for b in killed), killed
 
     # 4. A user cancel ends the array for good: SIGTERM, hand-back, no requeue.
     slurm.run("scancel", array)
-    wait_for(lambda: jobs.state(other_ref) not in ("RUNNING", "COMPLETING", "PENDING"), timeout_s=120,
-             what=f"task {other_ref} ended after scancel", interval_s=0.5, on_timeout=jobs.logs)
-    assert jobs.state(other_ref) == "CANCELLED" and slurm.job(other_ref).get("Restarts") == "0", \
-        slurm.job(other_ref)
-    out = (tmp_path / f"regen-worker-{other}.out").read_text()
-    assert "not requeued" in out, out
+    wait_for(lambda: jobs.state(notified_ref) not in ("RUNNING", "COMPLETING", "PENDING"), timeout_s=120,
+             what=f"task {notified_ref} ended after scancel", interval_s=0.5, on_timeout=jobs.logs)
+    assert jobs.state(notified_ref) == "CANCELLED" and slurm.job(notified_ref).get("Restarts") == "1", \
+        slurm.job(notified_ref)
+    out = (tmp_path / f"regen-worker-{notified}.out").read_text()
+    assert "not requeued: JobState=" in out, out
 
     # Every sample ended once, and nothing of any job is left.
     row = account(sessions, run, expected_ids=expected)
