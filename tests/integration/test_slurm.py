@@ -9,7 +9,7 @@ runs the bundled sample through it while SLURM does to the jobs what a cluster d
    its workers hand their batches back, uncounted as failures, and the job ends;
 2. a one-node job array takes over; one task gets the time-limit notice (``--signal=B:TERM``,
    sent here by ``scancel --batch --signal=TERM``): it hands back and requeues itself;
-3. meanwhile the other task is hard-cancelled mid-batch (``scancel --full --signal=KILL``); the
+3. meanwhile the other task is hard-cancelled mid-batch (``scancel --signal=KILL`` to its step); the
    requeued task resumes and finishes the run, the killed task's batches among it once their
    leases expire;
 4. the array is cancelled (``scancel``): it ends and is not requeued.
@@ -203,13 +203,18 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
              what="both array tasks running batches", interval_s=0.5, on_timeout=jobs.logs)
     slurm.run("scancel", "--batch", "--signal=TERM", notified_ref)
 
-    # 3. Meanwhile the other task is hard-cancelled mid-batch: SIGKILL to everything of it at once.
+    # 3. Meanwhile the other task is hard-cancelled mid-batch: SIGKILL to every process of its worker
+    # step at once. (`scancel --signal=KILL <job>` would not do: SLURM cancels a job with SIGTERM
+    # first and SIGKILL only after KillWait, which the workers' hand-back beats; a step's signal is
+    # sent as it is, as a node's OOM killer or a crash leaves no time either.)
     killed_holding = wait_for(lambda: _by_worker(sessions, run, like_other, "running"), timeout_s=60,
                               what=f"task {other_ref} still running a batch", interval_s=0.2, on_timeout=jobs.logs)
-    slurm.run("scancel", "--full", "--signal=KILL", other_ref)
+    slurm.run("scancel", "--signal=KILL", f"{other_ref}.0")
     wait_for(lambda: jobs.state(other_ref) not in ("RUNNING", "COMPLETING"), timeout_s=120,
              what=f"task {other_ref} gone after SIGKILL", interval_s=0.5, on_timeout=jobs.logs)
-    assert slurm.job(other_ref).get("Restarts") == "0", "a killed job is not requeued"
+    # The batch script saw its workers killed (srun exit 137), not signalled: no requeue.
+    assert jobs.state(other_ref) == "FAILED" and slurm.job(other_ref).get("Restarts") == "0", slurm.job(other_ref)
+    assert "stopping: asking every worker" not in jobs.log_of(other, slurm.job(other_ref).get("NodeList", "n2"))
     _assert_nothing_left(slurm, jobs, other)
 
     # The notified task requeued itself and resumes, under a name of its restart, and finishes the
