@@ -204,28 +204,43 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
               help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
                    "(worker/engine/fake.py); its output is marked fake")
+@click.option("--drain-before-end-s", type=float, default=_W.drain_before_end_s, show_default=True,
+              help="in a SLURM job with a time limit, take no new batch this long before its end (0: off)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           requeue_grace_s, metrics_port, node_name, fake_engine, dry_run) -> None:
-    """Start one worker process per GPU group on this node and supervise them."""
+           requeue_grace_s, metrics_port, node_name, fake_engine, drain_before_end_s, dry_run) -> None:
+    """Start one worker process per GPU group on this node and supervise them.
+
+    In a SLURM job (deploy/slurm/), ``--gpus all`` is the job's allocation, the node name is
+    SLURM's node plus the job and step ids, and no batch is taken in the job's last
+    ``--drain-before-end-s`` (worker/process/slurm.py).
+    """
+    import time
+
     from worker.engine.args import parse_engine_args
+    from worker.process import slurm
     from worker.process.launcher import parse_gpus, plan_processes, run_launcher
 
     parse_engine_args(list(engine_args))  # refuse a malformed pair here, before any process starts
 
-    plans = plan_processes(parse_gpus(gpus), tp=tp, host=node_name, queues=queues, metrics_port=metrics_port, concurrency=concurrency, model=model,
+    node = slurm.plan_node(gpus, node_name, drain_before_end_s, job=slurm.from_env(), now=time.time(),
+                           parse_gpus=parse_gpus)
+    deadline_args = ["--stop-taking-at", f"{node.stop_taking_at:.3f}"] if node.stop_taking_at is not None else []
+    plans = plan_processes(node.gpus, tp=tp, host=node.node_name, queues=queues, metrics_port=metrics_port, concurrency=concurrency, model=model,
                            engine_args=list(engine_args),
                            extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
                                        "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s),
                                        "--requeue-grace-s", str(requeue_grace_s),
-                                       *(["--fake-engine", fake_engine] if fake_engine else [])])
+                                       *(["--fake-engine", fake_engine] if fake_engine else []), *deadline_args])
     if dry_run:
+        if node.context:
+            click.echo(node.context)
         for p in plans:
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
                        + " ".join(p.argv[1:]))
         return
     _require_ledger_schema()
-    sys.exit(run_launcher(plans))
+    sys.exit(run_launcher(plans, context=node.context))
 
 
 def _require_ledger_schema() -> None:

@@ -57,6 +57,10 @@ class Outcome:
 def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
     if rt.shutting_down.is_set():
         raise Requeue("worker is shutting down")
+    if rt.stop_taking.is_set():
+        # Delivered as its consumer was being cancelled (worker/process/deadline.py): not claimed,
+        # so another worker takes it with no attempt counted.
+        raise Requeue("this worker's job ends soon: taking no new batch")
     if (wait_s := rt.handed_back_recently(msg.batch_id)) > 0:
         # This worker handed it back less than a probe period ago, for workers below their share:
         # back to the broker unclaimed (no attempt, no release), for one of them. The short wait

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-engine", default=None, metavar="tok_s=10000,seqs=1024,mean=1500,sigma=1,gpus=1",
                    help="BENCHMARK/TEST DEVICE: no vLLM, random token ids at this rate (worker/engine/fake.py); "
                         "its output is marked fake and is not generated data")
+    p.add_argument("--stop-taking-at", type=float, default=d.stop_taking_at, metavar="EPOCH_S",
+                   help="take no new batch after this time (a SLURM job's end less its drain; "
+                        "worker/process/deadline.py)")
     p.add_argument("--loglevel", default="INFO")
     return p
 
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
                             concurrency=args.concurrency, model=args.model, engine_args=engine_args, lease_s=args.lease_s,
                             heartbeat_s=args.heartbeat_s, max_attempts=args.max_attempts,
                             reconcile_s=args.reconcile_s, requeue_grace_s=args.requeue_grace_s,
-                            fake_engine=args.fake_engine)
+                            fake_engine=args.fake_engine, stop_taking_at=args.stop_taking_at)
     settings = Settings.from_env()
     runtime = WorkerRuntime(settings, options)
     app = make_celery(settings)
@@ -168,6 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     runtime.start_heartbeats()
     if options.reconcile_s > 0:
         runtime.start_reconciler(app)
+    if options.stop_taking_at is not None:
+        from worker.process.deadline import celery_cancel, watch_deadline
+
+        watch_deadline(options.stop_taking_at, stop_taking=runtime.stop_taking, stopping=runtime.shutting_down,
+                       cancel=celery_cancel(app, options.name, options.queues), held=runtime.held_count,
+                       name=options.name)
     if options.fake_engine:
         from worker.engine.fake import FakeEngineSpec
 

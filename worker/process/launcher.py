@@ -283,7 +283,10 @@ class Launcher:
             time.sleep(0.2)
 
 
-def run_launcher(plans: list[ProcessPlan]) -> int:
+def run_launcher(plans: list[ProcessPlan], *, context: str = "") -> int:
+    """Run ``plans`` until SIGTERM; ``context`` (a SLURM job's node, GPUs, time left) goes in the start line."""
     # force: the `regen` command configured WARNING-level logging before it knew it would launch workers.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    log.info("regen worker: %d process%s (%s)%s", len(plans), "" if len(plans) == 1 else "es",
+             ", ".join(p.name for p in plans), f"; {context}" if context else "")
     return Launcher(plans).run()

@@ -62,6 +62,16 @@ class WorkerOptions:
     #: makes token ids instead of generating. Only ever set by an explicit ``--fake-engine``.
     fake_engine: str | None = None
 
+    #: Wall-clock time (epoch seconds) after which this process takes no new batch: it stops
+    #: consuming, lets the batches it holds commit, and waits for SIGTERM (worker/process/deadline.py).
+    #: Set by ``regen worker`` from a SLURM job's end (worker/process/slurm.py); None: never.
+    stop_taking_at: float | None = None
+    #: How long before a SLURM job's end its workers stop taking batches. At the sizing assumptions
+    #: (docs/deploy.md: 0.10 commits/s per GPU) a GPU commits a batch every ~10 s, so 10 min commits
+    #: ~60 of the ~122 it holds; the rest are handed back at the job's ``--signal=B:TERM@<grace>``.
+    #: Longer wastes GPU time at the end as the engine empties; 0 turns the drain off.
+    drain_before_end_s: float = 600.0
+
     def __post_init__(self) -> None:
         if not 0 < self.hand_back_s < REAP_GRACE_S:
             raise ValueError(f"hand_back_s must be above 0 and below the reaper's grace of {REAP_GRACE_S:.0f} s, "

@@ -64,6 +64,8 @@ class WorkerRuntime:
         self.liveness_sessions = make_sessionmaker(self.liveness_db)
         self.store = ObjectStore.from_settings(settings)
         self.shutting_down = threading.Event()
+        #: Set at ``options.stop_taking_at`` (a SLURM job's end nearing): no new claim, held batches go on.
+        self.stop_taking = threading.Event()
         self._engine: EngineHost | None = None
         self._renderer: Renderer | None = None
         self._engine_lock = threading.Lock()
