@@ -53,3 +53,36 @@ def test_named_parsers_override_the_template_and_a_typo_is_refused(family_models
     # Another parser under an existing run name is another config: refused like a changed temperature.
     again = run_cli([*base, "--run", "named", "--tool-parser", "hermes"], env, check=False)
     assert again.returncode == 2 and "tool_parser 'qwen3_xml' != 'hermes'" in again.stderr
+
+
+#: Published templates (tests/data/templates) a plain submit must accept: (reasoning, tool, chosen_by, thinking).
+PUBLISHED = {"kimi_k2_instruct.jinja": ("none", "kimi_k2", "template: kimi", "off"),
+             "kimi_k2_thinking.jinja": ("kimi_k2", "kimi_k2", "template: kimi", "on"),
+             "mistral_small31.jinja": ("none", "mistral", "template: mistral", "off")}
+
+
+@pytest.mark.parametrize("template", sorted(PUBLISHED))
+def test_a_plain_submit_on_kimis_and_mistrals_published_templates_records_their_parsers(
+        template, settings, s3_env, s3_bucket, sessions, tmp_path):
+    from pathlib import Path
+
+    model = tmp_path / "model"
+    model.mkdir()
+    source = Path(__file__).resolve().parents[1] / "data" / "templates" / template
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": source.read_text()}))
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps({"id": "u1", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    env = cli_env(settings, s3_env)
+    run = f"pub-{template.split('.')[0]}"
+    base = ["submit", str(data), "--model", str(model), "--output", f"{s3_bucket}/{run}", "--queue", "nobody"]
+    out = run_cli([*base, "--run", run], env)
+    reasoning, tool, chosen_by, thinking = PUBLISHED[template]
+    assert f"parsers: reasoning {reasoning}, tool {tool} ({chosen_by})" in out.stdout
+    with sessions() as s:
+        row = s.execute(text("SELECT sampling FROM runs WHERE name = :n"), {"n": run}).one()
+    assert (row.sampling["reasoning_parser"], row.sampling["tool_parser"], row.sampling["thinking"]) == (
+        reasoning, tool, thinking)
+    # The mode the template cannot render is refused at submit, with the reason, and leaves no run.
+    other = "off" if thinking == "on" else "on"
+    refused = run_cli([*base, "--run", f"{run}-x", "--thinking", other], env, check=False)
+    assert refused.returncode == 2 and f"--thinking {other} cannot be rendered" in refused.stderr
