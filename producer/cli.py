@@ -139,6 +139,9 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
     if config.parsers is not None:
         click.echo(f"parsers: reasoning {config.parsers.reasoning or 'none'}, tool {config.parsers.tool or 'none'} "
                    f"({config.parsers.chosen_by})")
+    if config.chat_format == "harmony":
+        click.echo(f"rendered with Harmony (gpt-oss, as vLLM serves it): reasoning effort {config.reasoning_effort}, "
+                   f"system date {config.harmony_start_date}")
     if report.batches_republished:
         click.echo(f"published {report.batches_republished} batches left unpublished by an earlier submit")
     if report.batches_planned:
