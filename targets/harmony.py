@@ -33,6 +33,7 @@ Nothing here imports vLLM or openai_harmony at module load.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -100,7 +101,24 @@ def _harmony_utils() -> Any:
 
 def encoding() -> Any:
     """Harmony's gpt-oss encoding (o200k_harmony), loaded once per process by vLLM's helper."""
+    _cache_special_token_regex()
     return _harmony_utils().get_encoding()
+
+
+def _cache_special_token_regex() -> None:
+    """Build Harmony's special-token regex once per set of tokens, not on every ``encode``.
+
+    ``HarmonyEncoding.encode`` escapes and joins all 1,090 special tokens into a regex on each
+    call (to refuse them in plain text); vLLM's tool-call header rewrite calls it for every
+    message of a prompt, so a prompt cost ~0.1 s of the engine loop's CPU, 8 ms with the cache
+    (tests/unit/test_harmony.py measures nothing; bench numbers in docs/design.md). The regex,
+    and so every result, is the same.
+    """
+    import openai_harmony
+
+    regex = getattr(openai_harmony, "_special_token_regex", None)
+    if regex is not None and not hasattr(regex, "cache_info"):
+        openai_harmony._special_token_regex = functools.lru_cache(maxsize=16)(regex)
 
 
 def as_chat_request_messages(messages: list[dict]) -> list[dict]:

@@ -48,6 +48,15 @@ glm45 (GLM-4.5/4.6; parsers: reasoning ``glm45``, tool ``glm45``)
     with the real model. Thoughts before the last user message are dropped (rendered as
     the empty block), as GLM-4.5's template does.
 
+gpt_oss (gpt-oss; vLLM names ``openai_gptoss`` / ``openai``, but regen renders and reads it with Harmony)
+    Harmony's own vocabulary (o200k_harmony, 201,088 ids) and gpt-oss's published template
+    (``templates/gpt_oss_chat.jinja``, byte for byte ``openai/gpt-oss-20b``'s), built by
+    ``worker/tiny/harmony_model.py``. Special: every Harmony special token at its own id
+    (``<|start|>``, ``<|channel|>``, ``<|message|>``, ``<|end|>``, ``<|call|>``, ``<|return|>``,
+    ``<|constrain|>``, ...). A turn is Harmony messages: an ``analysis`` thought, then a ``final``
+    answer ending ``<|return|>`` or one call to ``functions.NAME`` ending ``<|call|>``; both stop
+    generation. Always reasons, at the run's effort (low, medium, high).
+
 qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.py``.
 """
 
@@ -78,7 +87,7 @@ class Family:
     stop_tokens: tuple[str, ...]
     reasoning_parser: str | None
     tool_parser: str
-    #: "switch" (enable_thinking), "always" or "never".
+    #: "switch" (enable_thinking), "always", "never" or "effort" (Harmony's reasoning effort).
     thinking: str
     #: Whether the template writes the end of an assistant turn (``eos_token``); if not,
     #: the model ends its turn with the next role token (``turn_end``).
@@ -142,6 +151,16 @@ SPECS: dict[str, Family] = {
         bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
         stop_tokens=("<|endoftext|>", "<|user|>", "<|observation|>"),
         reasoning_parser="glm45", tool_parser="glm45", thinking="switch", template_ends_turn=False,
+    ),
+    "gpt_oss": Family(
+        name="gpt_oss", template="gpt_oss_chat.jinja",
+        special_tokens=("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                        "<|start|>", "<|end|>", "<|message|>", "<|call|>"),
+        format_tokens=(),
+        bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>",
+        stop_tokens=("<|return|>", "<|call|>", "<|endoftext|>"),
+        reasoning_parser="openai_gptoss", tool_parser="openai", thinking="effort",
+        sampling={"temperature": 0.6, "top_p": 0.95},
     ),
 }
 
