@@ -80,7 +80,7 @@ def db_current(database_url: str | None) -> None:
 @click.option("--variant", type=click.Choice(["random", "trained", "stub"]), default="trained", show_default=True,
               help="random weights; trained to follow the chat format; or trained to answer with stubs")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45"]), default="qwen3",
+@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45", "gpt_oss"]), default="qwen3",
               show_default=True, help="chat family: its tokens, chat template and output format")
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
 def tiny_model(out_dir: str, variant: str, seed: int, family: str, force: bool) -> None:

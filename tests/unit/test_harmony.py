@@ -106,8 +106,17 @@ def test_a_gpt_oss_config_is_rendered_with_harmony_whatever_its_template(tmp_pat
 def _harmony_reference(messages: list, *, effort: str = "medium", instructions: str | None = None,
                        tools: list | None = None) -> list[int]:
     """openai_harmony's own rendering, built here message by message (no vLLM, no regen)."""
-    from openai_harmony import (Conversation, DeveloperContent, HarmonyEncodingName, Message, ReasoningEffort,
-                                Role, SystemContent, ToolDescription, load_harmony_encoding)
+    from openai_harmony import (
+        Conversation,
+        DeveloperContent,
+        HarmonyEncodingName,
+        Message,
+        ReasoningEffort,
+        Role,
+        SystemContent,
+        ToolDescription,
+        load_harmony_encoding,
+    )
 
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort.capitalize()))

@@ -14,8 +14,8 @@ import asyncio
 from typing import Any
 
 from ledger.hashing import sample_seed, thinking_enabled
-from worker.conversation.dialogue import SampleError, regenerate_conversation
 from targets.harmony import stop_ids as harmony_stop_ids
+from worker.conversation.dialogue import SampleError, regenerate_conversation
 from worker.conversation.rendering import Renderer
 from worker.engine.host import EngineDead, EngineHost
 

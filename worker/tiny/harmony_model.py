@@ -50,6 +50,9 @@ O200K_PATTERN = "|".join([
 MAX_EXAMPLE_TOKENS = 512
 #: Steps and padded tokens per step (as deepseek_r1's: one mode, short examples).
 STEPS, BATCH_TOKENS = 440, 1536
+#: Each example is seen this many times: rendering through vLLM's Harmony helpers costs ~50 ms an
+#: example here, so a third of the examples (1,200, ~1 min) are rendered and cycled through.
+EPOCHS = 3
 #: The efforts and dates prompts are rendered with: all three efforts, dates over three years, so the
 #: model is at home with whatever a run records.
 _FIRST_DATE = datetime.date(2025, 1, 1)
@@ -297,7 +300,7 @@ def build_files(family: Family, out: Path, variant: str, seed: int, marker: dict
         threads = torch.get_num_threads()
         torch.set_num_threads(training.TRAIN_THREADS)
         try:
-            examples = training_examples(seed=seed, tokens=STEPS * BATCH_TOKENS)
+            examples = training_examples(seed=seed, tokens=STEPS * BATCH_TOKENS // EPOCHS)
             used, compact_examples = _compact(examples, tokenizer.pad_token_id)
             log.info("tiny gpt_oss model: %d examples, %d ids used, rendered in %.1f s", len(examples), len(used),
                      time.monotonic() - start)
