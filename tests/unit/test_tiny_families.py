@@ -50,6 +50,8 @@ def test_the_families_table_names_the_vllm_parsers():
         "llama3": {"reasoning_parser": None, "tool_parser": "llama3_json"},
         "deepseek_r1": {"reasoning_parser": "deepseek_r1", "tool_parser": "deepseek_v3"},
         "glm45": {"reasoning_parser": "glm45", "tool_parser": "glm45"},
+        # vLLM's names for gpt-oss; regen renders and reads it with Harmony (worker/tiny/harmony_model.py).
+        "gpt_oss": {"reasoning_parser": "openai_gptoss", "tool_parser": "openai"},
     }
     # The qwen3 entry describes what model.py builds.
     assert SPECS["qwen3"].special_tokens == qwen3_model.SPECIAL_TOKENS
