@@ -94,7 +94,7 @@ def db_current(database_url: str | None) -> None:
 @click.option("--variant", type=click.Choice(["random", "trained", "stub"]), default="trained", show_default=True,
               help="random weights; trained to follow the chat format; or trained to answer with stubs")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45"]), default="qwen3",
+@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45", "gpt_oss"]), default="qwen3",
               show_default=True, help="chat family: its tokens, chat template and output format")
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
 def tiny_model(out_dir: str, variant: str, seed: int, family: str, force: bool) -> None:
@@ -165,6 +165,9 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
     if config.parsers is not None:
         click.echo(f"parsers: reasoning {config.parsers.reasoning or 'none'}, tool {config.parsers.tool or 'none'} "
                    f"({config.parsers.chosen_by})")
+    if config.chat_format == "harmony":
+        click.echo(f"rendered with Harmony (gpt-oss, as vLLM serves it): reasoning effort {config.reasoning_effort}, "
+                   f"system date {config.harmony_start_date}")
     if report.batches_republished:
         click.echo(f"published {report.batches_republished} batches left unpublished by an earlier submit")
     if report.batches_planned:

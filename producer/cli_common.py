@@ -46,9 +46,12 @@ _RUN_CONFIG_OPTIONS = (
                  "(qwen3, deepseek_r1, glm45, ...; none); default: read off the model's chat template"),
     click.option("--tool-parser", default=None, help="vLLM's tool-call parser, as `vllm serve` names it "
                  "(hermes, qwen3_coder, llama3_json, deepseek_v3, glm45, ...; none); default: from the template"),
+    # Free text, checked by build_run_config: "none" gets Harmony's own reason, not click's list.
+    click.option("--reasoning-effort", default=None, help="gpt-oss (Harmony) only: low, medium or high "
+                 "(default medium); Harmony always reasons, so --thinking off is refused"),
 )
 RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
-                   "reasoning_parser", "tool_parser")
+                   "reasoning_parser", "tool_parser", "reasoning_effort")
 
 
 def run_config_options(command: Callable) -> Callable:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ledger.errors import ConfigError
 from ledger.hashing import config_hash
 from ledger.model_path import resolve_model
+from targets import harmony
 from targets.parser_choice import AUTO, ParserChoice, chat_template_of, choose_parsers
 from targets.template_probe import THINKING_ARGS, TemplateFormat, probe_template, thinking_switch
 
@@ -65,12 +66,25 @@ class RunConfig:
     #: The chat-template argument that switches thinking (``enable_thinking``, ``thinking``), found by
     #: rendering the template (targets/template_probe.py); "none": nothing switches it; AUTO: the workers'.
     thinking_arg: str = "enable_thinking"
+    #: "harmony" for gpt-oss (rendered and read with Harmony, targets/harmony.py), else "jinja" (the template).
+    chat_format: str = "jinja"
+    #: Harmony's reasoning effort (its thinking switch); None for a Jinja run.
+    reasoning_effort: str | None = None
+    #: The date in a Harmony run's system message, fixed at submit (provenance; not hashed, so a run
+    #: submitted again on another day resumes with the date it was created with).
+    harmony_start_date: str | None = None
 
     def as_record(self) -> dict:
-        """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash."""
+        """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash.
+
+        A Harmony run also records ``chat_format`` and ``reasoning_effort`` (both change its prompts); a Jinja
+        run records neither, so its hash is what it was before gpt-oss was a family.
+        """
+        harmony_keys = ({"chat_format": self.chat_format, "reasoning_effort": self.reasoning_effort}
+                        if self.chat_format == harmony.HARMONY else {})
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
                 "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
-                **(self.parsers.as_record() if self.parsers else {})}
+                **(self.parsers.as_record() if self.parsers else {}), **harmony_keys}
 
     @property
     def hash(self) -> str:
@@ -83,14 +97,22 @@ class RunConfig:
 def build_run_config(model: str, *, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
                      top_k: int | None = None, seed: int | None = None, thinking: str | None = None,
                      thinking_off_share: float | None = None, reasoning_parser: str | None = None,
-                     tool_parser: str | None = None) -> RunConfig:
+                     tool_parser: str | None = None, reasoning_effort: str | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking is not None and thinking not in THINKING_MODES:
         raise ConfigError(f"--thinking must be one of {', '.join(THINKING_MODES)}")
     resolved = resolve_model(model)
-    parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
-    template_format, thinking_arg = _template_format(resolved, parsers)
+    found = _probed(resolved)
+    is_harmony = found is not None and found.chat_format == harmony.HARMONY
+    if reasoning_effort is not None and not is_harmony and Path(resolved).is_dir():
+        raise ConfigError(f"--reasoning-effort is Harmony's (gpt-oss) thinking switch; {resolved} is rendered with "
+                          "its chat template: use --thinking")
+    if is_harmony:
+        parsers = _harmony_parsers(resolved, reasoning_parser, tool_parser, found)
+    else:
+        parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
+    template_format, thinking_arg = _template_format(resolved, parsers, found)
     thinking = _thinking_mode(resolved, thinking, template_format)
     if thinking == "mix":
         share = 0.5 if thinking_off_share is None else thinking_off_share
@@ -104,12 +126,44 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
             sampling[key] = value
     if sampling["temperature"] < 0 or not 0 < sampling["top_p"] <= 1:
         raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+    harmony_keys: dict = {}
+    if is_harmony:
+        harmony_keys = {"chat_format": harmony.HARMONY, "reasoning_effort": harmony.checked_effort(reasoning_effort),
+                        "harmony_start_date": harmony.start_date()}
+    elif thinking_arg == AUTO:
+        # The workers may find gpt-oss in the model they load: its date is fixed here, once.
+        harmony_keys = {"harmony_start_date": harmony.start_date()}
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
-                     model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg)
+                     model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg,
+                     **harmony_keys)
 
 
-def _template_format(model: str, parsers: ParserChoice) -> tuple[TemplateFormat | None, str]:
+def _harmony_parsers(model: str, reasoning: str | None, tool: str | None, found: TemplateFormat) -> ParserChoice:
+    """gpt-oss's parsers: vLLM reads it with Harmony whatever else is named, so only its own names are accepted."""
+    own = (found.reasoning, found.tool)
+    for name, mine, option in ((reasoning, own[0], "--reasoning-parser"), (tool, own[1], "--tool-parser")):
+        if name not in (None, AUTO, mine):
+            raise ConfigError(f"{option} {name!r}: {model} is gpt-oss, which vLLM reads with Harmony "
+                              f"({own[0]} / {own[1]}); leave the option out or name {mine}")
+    named = reasoning not in (None, AUTO) or tool not in (None, AUTO)
+    by = "template: gpt_oss, rendered with Harmony" if chat_template_of(model) else "config: gpt_oss, rendered with Harmony"
+    return ParserChoice(own[0], own[1], ("named and " if named else "") + by)
+
+
+def _probed(model: str) -> TemplateFormat | None:
+    """The family the model's template renders (gpt-oss also by its config.json); None for a hub id or no family."""
+    if not Path(model).is_dir():
+        return None
+    template = chat_template_of(model)
+    found = probe_template(template) if template else None
+    if (found is None or found.chat_format != harmony.HARMONY) and harmony.is_gpt_oss_model(model):
+        found = harmony.HARMONY_FORMAT  # vLLM serves a gpt_oss model with Harmony, whatever its template
+    return found
+
+
+def _template_format(model: str, parsers: ParserChoice,
+                     found: TemplateFormat | None) -> tuple[TemplateFormat | None, str]:
     """What the model's template renders, and its thinking argument as recorded (AUTO: the workers find it).
 
     A template of no family regen knows (its parsers named) is rendered too: a thinking mode is accepted only
@@ -119,7 +173,6 @@ def _template_format(model: str, parsers: ParserChoice) -> tuple[TemplateFormat 
     if not Path(model).is_dir():
         return None, AUTO
     template = chat_template_of(model)
-    found = probe_template(template) if template else None
     if found is not None:
         return found, found.thinking_arg or "none"
     arg = thinking_switch(template) if template else None
@@ -145,7 +198,9 @@ def _thinking_mode(model: str, asked: str | None, found: TemplateFormat | None) 
         else:
             how = {"always": "always thinks (its generation prompt opens a thought whatever is passed, or the "
                              "model opens it and no chat-template argument closes it)",
-                   "never": "never thinks (no chat-template argument opens a thought)"}[found.thinking]
+                   "never": "never thinks (no chat-template argument opens a thought)",
+                   "effort": "is gpt-oss, rendered with Harmony, which always reasons (its switch is the effort: "
+                             "--reasoning-effort low, medium or high)"}[found.thinking]
         raise ConfigError(f"--thinking {asked} cannot be rendered by {model}'s chat template: it {how}; "
                           f"choose --thinking {' or '.join(found.modes())}")
     return asked

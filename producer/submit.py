@@ -126,6 +126,8 @@ def _provenance(config: RunConfig) -> dict:
     out: dict = {"model_files": config.model_files, "thinking_arg": config.thinking_arg}
     if config.parsers is not None:
         out["parsers"] = {**config.parsers.as_record(), "chosen_by": config.parsers.chosen_by}
+    if config.harmony_start_date is not None:  # gpt-oss (targets/harmony.py): the system message's date
+        out["harmony_start_date"] = config.harmony_start_date
     return out
 
 

@@ -28,6 +28,11 @@ from typing import Any
 #: The thinking arguments templates read, in the order they are tried.
 THINKING_ARGS = ("enable_thinking", "thinking")
 THINK_START, THINK_END = "<think>", "</think>"
+#: gpt-oss: its family name, vLLM's parser names for it, and its thinking switch. vLLM serves it
+#: through Harmony, not its Jinja template (targets/harmony.py); the template only identifies it.
+HARMONY_FAMILY = "gpt_oss"
+HARMONY_PARSERS = ("openai_gptoss", "openai")
+EFFORT_ARG = "reasoning_effort"
 
 _NAME = "regen_probe_lookup"
 _ARGS = {"city": "Zzyzx"}
@@ -52,10 +57,14 @@ class TemplateFormat:
     #: How the template takes a call's arguments: "object" (a dict, transformers' convention) or
     #: "json" (a JSON string it concatenates, as DeepSeek's templates do).
     call_arguments: str = "object"
+    #: How prompts are rendered: "jinja" (the template, apply_chat_template) or "harmony" (gpt-oss:
+    #: openai-harmony's encoding, as vLLM serves it; targets/harmony.py).
+    chat_format: str = "jinja"
 
     def modes(self) -> tuple[str, ...]:
-        """The ``--thinking`` modes this template can render."""
-        return {"switch": ("on", "off", "mix"), "always": ("on",), "never": ("off",)}[self.thinking]
+        """The ``--thinking`` modes this template can render ("effort": Harmony always reasons)."""
+        return {"switch": ("on", "off", "mix"), "always": ("on",), "never": ("off",),
+                "effort": ("on",)}[self.thinking]
 
 
 def _render(template: str, messages: list[dict], *, tools: list[dict] | None = None, generation: bool,
@@ -117,6 +126,8 @@ def _tool_format(rendered: str) -> tuple[str, str] | None:
         return "glm45", "glm45" if after.startswith("\n") else "glm47"
     if before.endswith("<function=") or before.endswith("<function="):
         return "qwen3", "qwen3_coder"             # Qwen3-Coder / Qwen3.5 XML calls
+    if before.endswith("<|start|>assistant to=functions."):
+        return HARMONY_FAMILY, HARMONY_PARSERS[1]  # gpt-oss: the recipient in the header
     if before.rstrip().endswith('"name": "') or before.endswith('"name": "'):
         if "<|start_header_id|>" in rendered:
             return "llama3", "llama3_json"
@@ -130,7 +141,8 @@ def _family_of_prompt(prompt: str) -> str | None:
     tail = prompt[-60:]
     for marker, family in (("<｜Assistant｜>", "deepseek"), ("<|assistant|>", "glm45"),
                            ("<|im_assistant|>assistant<|im_middle|>", "kimi"), ("[/INST]", "mistral"),
-                           ("<|im_start|>assistant", "qwen3"), ("<|start_header_id|>assistant", "llama3")):
+                           ("<|im_start|>assistant", "qwen3"), ("<|start_header_id|>assistant", "llama3"),
+                           ("<|start|>assistant", HARMONY_FAMILY)):
         if marker in tail:
             return family
     return None
@@ -165,6 +177,8 @@ def probe_template(template: str) -> TemplateFormat | None:
     family = call[0] if call else _family_of_prompt(plain)
     if family is None:
         return None
+    if family == HARMONY_FAMILY:
+        return _harmony_format(template, user, call_arguments)
     arg = next((a for a in THINKING_ARGS if switched[a][0] != switched[a][1]), None)
     prompts = [plain, *(p for a in THINKING_ARGS for p in switched[a])]
     thought_rendered = f"{THINK_START}{_THOUGHT}" in rendered_call.replace("\n", "")
@@ -197,6 +211,18 @@ def thinking_switch(template: str) -> str | None:
         except Exception:  # noqa: BLE001 - a template that raises for this argument has no such switch
             continue
     return None
+
+
+def _harmony_format(template: str, user: list[dict], call_arguments: str) -> TemplateFormat:
+    """gpt-oss: always reasons, at the effort ``reasoning_effort`` names (the template writes it into the system
+    message; Harmony has no mode without reasoning)."""
+    try:
+        efforts = {_render(template, user, generation=True, **{EFFORT_ARG: e}) for e in ("low", "high")}
+    except Exception:  # noqa: BLE001 - a gpt-oss template without the argument: the effort is Harmony's alone
+        efforts = set()
+    return TemplateFormat(family=HARMONY_FAMILY, reasoning=HARMONY_PARSERS[0], tool=HARMONY_PARSERS[1],
+                          thinking_arg=EFFORT_ARG if len(efforts) == 2 else None, thinking="effort",
+                          call_arguments=call_arguments, chat_format="harmony")
 
 
 def as_template_takes(messages: list[dict], call_arguments: str) -> list[dict]:

@@ -44,3 +44,14 @@ def _lookup(manager: Any, name: str, getter: str) -> type:
         raise
     except Exception as e:  # noqa: BLE001 - vLLM raises KeyError or ValueError by version
         raise KeyError(f"{name!r} ({type(e).__name__}: {e})") from e
+
+
+def harmony_utils() -> Any:
+    """vLLM's Harmony helpers (gpt-oss): ``vllm.entrypoints.openai.parser`` since 0.12, ``vllm.entrypoints`` before."""
+    return _first_module("vllm.entrypoints.openai.parser.harmony_utils", "vllm.entrypoints.harmony_utils")
+
+
+def chat_tool_class() -> type:
+    """The request model of one tool of a chat request (``ChatCompletionToolsParam``)."""
+    module = _first_module("vllm.entrypoints.openai.chat_completion.protocol", "vllm.entrypoints.openai.protocol")
+    return module.ChatCompletionToolsParam

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from ledger.hashing import sample_seed, thinking_enabled
+from targets.harmony import stop_ids as harmony_stop_ids
 from worker.conversation.dialogue import SampleError, regenerate_conversation
 from worker.conversation.rendering import Renderer
 from worker.engine.host import EngineDead, EngineHost
@@ -47,9 +48,12 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
 
     parser = renderer.parser_for(sampling)
     thinking_arg = renderer.thinking_arg_for(sampling)
+    # gpt-oss (targets/harmony.py): its actions end with <|call|> or <|return|>, whatever generation_config says.
+    stops = {"stop_token_ids": harmony_stop_ids()} if renderer.is_harmony(sampling) else {}
 
     def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return renderer.render(messages, tools, thinking=thinking, thinking_arg=thinking_arg)
+        return renderer.render(messages, tools, thinking=thinking, thinking_arg=thinking_arg,
+                               harmony_options=renderer.harmony_options(run))
 
     # An optional per-sample budget (bench/throughput.py's long-tailed lengths) can only
     # lower the run's max_tokens, never raise it.
@@ -59,7 +63,7 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         room = renderer.max_model_len - len(prompt_ids)
         params = engine_sampling(sampling, seed=sample_seed(run_seed, sid, turn),
                                  max_tokens=max(1, min(budget, room)))
-        return await engine.generate(prompt_ids, params)
+        return await engine.generate(prompt_ids, {**params, **stops})
 
     row: dict[str, Any] = {
         "sample_id": sid,

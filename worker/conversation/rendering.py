@@ -8,6 +8,11 @@ The thinking argument is the one the template reads (``enable_thinking``, DeepSe
 recorded without one, as rendering the loaded template shows (targets/template_probe.py).
 The way back is the run's parsers (targets/parser_choice.py names them, targets/turn_parsers.py
 loads vLLM's classes), one instance per run config, shared by the process's batches.
+
+gpt-oss is the exception, as in vLLM: a run whose record says ``chat_format: harmony`` (or,
+recorded before the family was known, whose loaded template or config is gpt-oss's) is
+rendered with Harmony from the conversation, at the run's reasoning effort and fixed date,
+and read by Harmony's parser on the ids (targets/harmony.py).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from targets import harmony
 from targets.parser_choice import AUTO, NONE, recorded_parsers, resolve_auto
 from targets.template_probe import TemplateFormat, as_template_takes, probe_template
 from targets.turn_parsers import TurnParser, load_turn_parser
@@ -50,8 +56,38 @@ class Renderer:
         # A template of no known format keeps transformers' name for it.
         return found.thinking_arg if found else "enable_thinking"
 
+    def is_harmony(self, sampling: dict) -> bool:
+        """Whether the run renders with Harmony: as its record says, else as the loaded model is (gpt-oss)."""
+        recorded = sampling.get("chat_format")
+        if recorded is not None:
+            return recorded == harmony.HARMONY
+        found = self.template_format
+        if found is not None:
+            return found.chat_format == harmony.HARMONY
+        return harmony.is_gpt_oss_model(str(getattr(self.tokenizer, "name_or_path", "")))
+
+    def harmony_options(self, run: dict) -> dict | None:
+        """The effort and date a Harmony run renders with; None for a Jinja run.
+
+        Raises:
+            SampleError: A Harmony run recorded without its date (it would be today's, different per worker).
+        """
+        sampling = run["sampling"]
+        if not self.is_harmony(sampling):
+            return None
+        date = (run.get("provenance") or {}).get("harmony_start_date")
+        if not date:
+            raise SampleError("template_error", "a Harmony (gpt-oss) run must record harmony_start_date in its "
+                                                "provenance; submit it again under a new name")
+        return {"effort": sampling.get("reasoning_effort") or harmony.DEFAULT_EFFORT, "date": date}
+
     def parser_for(self, sampling: dict) -> TurnParser:
         """The parsers the run's record names; the template's where it says AUTO (or names none: an older run)."""
+        if self.is_harmony(sampling):
+            key = ("harmony", None, None)
+            if key not in self._parsers:
+                self._parsers[key] = harmony.HarmonyTurnParser()
+            return self._parsers[key]
         recorded = recorded_parsers(sampling)
         if recorded not in self._names:
             choice = resolve_auto(recorded, str(getattr(self.tokenizer, "name_or_path", "")), self._template)
@@ -65,16 +101,18 @@ class Renderer:
         return self._parsers[key]
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, thinking: bool,
-               thinking_arg: str | None = "enable_thinking") -> list[int]:
-        switch = {thinking_arg: thinking} if thinking_arg else {}
-        # regen keeps arguments as objects; a template that concatenates them as text gets JSON.
-        found = self.template_format
-        messages = as_template_takes(messages, found.call_arguments if found else "object")
+               thinking_arg: str | None = "enable_thinking", harmony_options: dict | None = None) -> list[int]:
         try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False,
-                **switch,
-            )
+            if harmony_options is not None:
+                ids = harmony.render_prompt(messages, tools, **harmony_options)
+            else:
+                switch = {thinking_arg: thinking} if thinking_arg else {}
+                # regen keeps arguments as objects; a template that concatenates them as text gets JSON.
+                found = self.template_format
+                ids = self.tokenizer.apply_chat_template(
+                    as_template_takes(messages, found.call_arguments if found else "object"), tools=tools or None,
+                    add_generation_prompt=True, tokenize=True, return_dict=False, **switch,
+                )
         except Exception as e:  # noqa: BLE001 - any template failure is this sample's, not the batch's
             raise SampleError("template_error", f"{type(e).__name__}: {str(e)[:300]}") from e
         ids = list(ids)

@@ -67,6 +67,15 @@ mistral (Mistral Small 3.1, tokenizer v7; parser: tool ``mistral``, no reasoning
     ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "ID"}]`` with ids of exactly
     9 alphanumerics (the template raises on any other), written by the model; no thinking.
 
+gpt_oss (gpt-oss; vLLM names ``openai_gptoss`` / ``openai``, but regen renders and reads it with Harmony)
+    Harmony's own vocabulary (o200k_harmony, 201,088 ids) and gpt-oss's published template
+    (``templates/gpt_oss_chat.jinja``, byte for byte ``openai/gpt-oss-20b``'s), built by
+    ``worker/tiny/harmony_model.py``. Special: every Harmony special token at its own id
+    (``<|start|>``, ``<|channel|>``, ``<|message|>``, ``<|end|>``, ``<|call|>``, ``<|return|>``,
+    ``<|constrain|>``, ...). A turn is Harmony messages: an ``analysis`` thought, then a ``final``
+    answer ending ``<|return|>`` or one call to ``functions.NAME`` ending ``<|call|>``; both stop
+    generation. Always reasons, at the run's effort (low, medium, high).
+
 qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.py``.
 """
 
@@ -97,7 +106,7 @@ class Family:
     stop_tokens: tuple[str, ...]
     reasoning_parser: str | None
     tool_parser: str
-    #: "switch" (enable_thinking), "always" or "never".
+    #: "switch" (enable_thinking), "always", "never" or "effort" (Harmony's reasoning effort).
     thinking: str
     #: Whether the template writes the end of an assistant turn (``eos_token``); if not,
     #: the model ends its turn with the next role token (``turn_end``).
@@ -191,6 +200,16 @@ SPECS: dict[str, Family] = {
         bos_token="<s>", eos_token="</s>", pad_token="<pad>", stop_tokens=("</s>",),
         reasoning_parser=None, tool_parser="mistral", thinking="never",
         sampling={"temperature": 0.15, "top_p": 1.0}, call_ids="alnum9",
+    ),
+    "gpt_oss": Family(
+        name="gpt_oss", template="gpt_oss_chat.jinja",
+        special_tokens=("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                        "<|start|>", "<|end|>", "<|message|>", "<|call|>"),
+        format_tokens=(),
+        bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>",
+        stop_tokens=("<|return|>", "<|call|>", "<|endoftext|>"),
+        reasoning_parser="openai_gptoss", tool_parser="openai", thinking="effort",
+        sampling={"temperature": 0.6, "top_p": 0.95},
     ),
 }
 

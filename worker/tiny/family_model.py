@@ -270,6 +270,10 @@ def build_key(family: str, variant: str, seed: int) -> str:
     here = Path(__file__).parent
     for name in ("family_model.py", "families.py", "model.py", "architecture.py", "data.py", "training.py"):
         digest.update((here / name).read_bytes())
+    if family == "gpt_oss":  # Harmony's vocabulary and renderings (the wheel's version is in the key below)
+        for path in (here / "harmony_model.py", here.parents[1] / "targets" / "harmony.py"):
+            digest.update(path.read_bytes())
+        versions["oss-harmony"] = importlib.metadata.version("oss-harmony")
     digest.update(spec.template_path.read_bytes())
     digest.update(json.dumps({"family": family, "variant": variant, "seed": seed, **versions},
                              sort_keys=True).encode())
@@ -279,6 +283,11 @@ def build_key(family: str, variant: str, seed: int) -> str:
 def _build_files(spec: Family, tmp: Path, variant: str, seed: int, key: str) -> None:
     from .architecture import random_model
 
+    if spec.name == "gpt_oss":
+        from . import harmony_model
+
+        marker = {"family": spec.name, "variant": variant, "seed": seed, "key": key}
+        return harmony_model.build_files(spec, tmp, variant, seed, marker)
     tokenizer = train_tokenizer(spec, tokenizer_corpus(spec, seed))
     if variant == "random":
         model = random_model(model_config(spec, tokenizer), seed)
