@@ -203,7 +203,8 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
               help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
-                   "(worker/engine/fake.py); its output is marked fake")
+                   "(worker/engine/fake.py); serves only runs submitted with --benchmark, refuses (and counts) "
+                   "every other run's batches; its output is marked fake and never exported")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
            requeue_grace_s, metrics_port, node_name, fake_engine, dry_run) -> None:
