@@ -206,7 +206,8 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
 @click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
               help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
-                   "(worker/engine/fake.py); its output is marked fake")
+                   "(worker/engine/fake.py); serves only runs submitted with --benchmark, refuses (and counts) "
+                   "every other run's batches; its output is marked fake and never exported")
 @click.option("--drain-before-end-s", type=float, default=_W.drain_before_end_s, show_default=True,
               help="in a SLURM job with a time limit, take no new batch this long before its end (0: off)")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")

@@ -335,16 +335,14 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
                benchmark: bool = False) -> SubmitReport:
     """Register ``paths`` as the run ``run_name`` (or resume it), write its input shards, publish its batches.
 
-    ``regen submit`` checks what it can first (producer/submit_checks.py); this function still
-    refuses what it can before it writes: a bad batch size, output URL or input path. A run this
-    call created and that got no batch before a failure (S3 or Redis gone, Ctrl-C) is deleted
-    again, so the same submit, corrected, creates it anew; one that got batches is resumed by
-    the same submit. ``benchmark``: a fake engine may serve the run (worker/engine/fake.py).
+    ``regen submit`` checks what it can first (producer/submit_checks.py). A run this call created
+    and that got no batch before a failure (S3 or Redis gone, Ctrl-C) is deleted again, so the same
+    submit, corrected, creates it anew; one that got batches is resumed by the same submit.
+    ``benchmark``: a fake engine may serve the run (worker/engine/fake.py).
 
     Raises:
-        ConfigError: a refused argument, a run of this name with another configuration, or a
-            submit of the run already in progress. StoreError, and the broker's and Postgres's
-            errors, from a step that failed (the run is rolled back as said above).
+        ConfigError: a refused argument or run configuration, or another submit of the run in progress.
+        StoreError, and the broker's and Postgres's errors: a step failed (the run rolled back as above).
     """
     if batch_size <= 0:
         raise ConfigError("--batch-size must be positive")
@@ -371,17 +369,13 @@ def submit_run(sessions: sessionmaker[Session], app: Celery, store: ObjectStore,
 def _forget_empty_run(sessions: sessionmaker[Session], run_id: int, run_name: str) -> None:
     """Delete the run this submit created, if it has no batch yet: a failed first submit leaves nothing."""
     try:
-        with sessions.begin() as s:
-            # ON DELETE CASCADE takes its rejected rows along. A batch means rows were registered:
-            # kept, and the same submit resumes them.
+        with sessions.begin() as s:  # cascades to its rejected rows; a batch means the run is kept
             gone = s.execute(text("DELETE FROM runs WHERE id = :id AND NOT EXISTS "
                                   "(SELECT 1 FROM batches WHERE run_id = :id) RETURNING id"), {"id": run_id}).first()
+        log.info("run %s, created by this failed submit: %s", run_name, "removed" if gone else "kept (batches)")
     except Exception as e:  # noqa: BLE001 - the submit's own error is the one to report
-        log.warning("run %s: could not remove the run this failed submit created (%s: %s); `regen clean --run %s "
-                    "--ledger --yes` removes it", run_name, type(e).__name__, str(e).splitlines()[0], run_name)
-        return
-    if gone is not None:
-        log.info("run %s: removed again, the submit that created it failed before any batch", run_name)
+        log.warning("run %s, created by this failed submit, not removed (%s): `regen clean --run %s --ledger --yes`",
+                    run_name, type(e).__name__, run_name)
 
 
 def _submit_into(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, paths: list[str], *,

@@ -74,6 +74,12 @@ def test_a_fake_engine_worker_finishes_a_benchmark_run_marks_it_fake_and_export_
     assert manifest["runs"][0]["benchmark"] is True
     assert f"{SAMPLES} samples made by the fake engine were left out" in exported.stderr
     assert not list((tmp_path / "export").rglob("*.jsonl"))
+    # The report keeps its figures and flags where they come from.
+    run_cli(["report", "--run", "fake", "--out", str(tmp_path / "report")], env)
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["fake"]["benchmark_run"] is True and report["fake"]["fake_samples"] == SAMPLES
+    assert f"FAKE      {SAMPLES} committed samples were made by the fake engine" in (
+        tmp_path / "report" / "summary.txt").read_text()
 
 
 def test_a_fake_engine_worker_on_a_real_runs_queue_does_none_of_it(settings, s3_env, s3_bucket, sessions,

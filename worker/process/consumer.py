@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve vLLM's engine metrics and the batches in flight on this port (0: off)")
     p.add_argument("--fake-engine", default=None, metavar="tok_s=10000,seqs=1024,mean=1500,sigma=1,gpus=1",
                    help="BENCHMARK/TEST DEVICE: no vLLM, random token ids at this rate (worker/engine/fake.py); "
-                        "its output is marked fake and is not generated data")
+                        "it serves benchmark runs only (regen submit --benchmark); its output is marked fake")
     p.add_argument("--stop-taking-at", type=float, default=d.stop_taking_at, metavar="EPOCH_S",
                    help="take no new batch after this time (a SLURM job's end less its drain; "
                         "worker/process/deadline.py)")
