@@ -60,6 +60,8 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     with sessions() as s:
         ids = s.execute(text("SELECT id FROM batches ORDER BY seq")).scalars().all()
         run_id = s.execute(text("SELECT id FROM runs WHERE name = 'slow'")).scalar_one()
+    # Heartbeats first: claiming 240 batches one by one may take longer than a lease on a loaded machine.
+    rt.start_heartbeats()
     attempts = {}
     for batch_id in ids:
         claim = claim_batch(rt.sessions, batch_id, worker=rt.options.name, lease_s=LEASE_S)
@@ -67,7 +69,6 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
         attempts[batch_id] = claim.attempt
         rt.hold(batch_id, claim.attempt)
     rows = {b: _rows(sessions, b) for b in ids[:COMMITTING]}
-    rt.start_heartbeats()
 
     # The stall: the run's pending-samples counter row locked, as a long transaction would hold it. Every
     # commit's samples update waits for it (the counts trigger, migration 0005), holding its connection.
