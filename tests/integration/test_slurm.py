@@ -113,7 +113,7 @@ def _by_worker(sessions, run: str, like: str, status: str) -> set[int]:
 
 def _batches(sessions, ids: set[int]) -> list:
     with sessions() as s:
-        return s.execute(text("SELECT id, status, failures, worker FROM batches WHERE id = ANY(:ids)"),
+        return s.execute(text("SELECT id, status, attempts, failures, worker FROM batches WHERE id = ANY(:ids)"),
                          {"ids": list(ids)}).all()
 
 
@@ -230,8 +230,8 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
     assert final["samples"]["done"] == 290 and final["samples"]["failed"] == 0
     assert _by_worker(sessions, run, like_resumed, "done"), "the requeued task committed nothing"
     killed = _batches(sessions, killed_holding)
-    # Each came back through its lease, one failed attempt counted, and was done by the resumed task.
-    assert all(b.status == "done" and b.failures == 1 and b.worker.endswith("-r1") for b in killed), killed
+    # Each was claimed again once its lease had expired (a new attempt) and done by the resumed task.
+    assert all(b.status == "done" and b.attempts >= 2 and b.worker.endswith("-r1") for b in killed), killed
 
     # 4. A user cancel ends the array for good: SIGTERM, hand-back, no requeue.
     slurm.run("scancel", array)
