@@ -33,6 +33,7 @@ from ledger.objects import join_key, sha256_hex
 
 if TYPE_CHECKING:
     from ledger.objects import ObjectStore
+    from ledger.runs import RunRecord
 
 __all__ = ["InputSlice", "decode_packed", "decode_shard", "encode_shard", "input_group_url", "input_shard_url",
            "output_shard_url", "pack_shards", "read_input_shard", "run_manifest_url", "sha256_hex"]
@@ -199,3 +200,11 @@ def output_shard_url(output_url: str, seq: int) -> str:
 def run_manifest_url(output_url: str) -> str:
     """``<output>/run.json``: the run's manifest."""
     return join_key(output_url, "run.json")
+
+
+def encode_manifest(run: RunRecord) -> bytes:
+    """The run's manifest (``run_manifest_url``): what was asked and recorded, beside its shards (docs/formats.md)."""
+    return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling, "benchmark": run.benchmark,
+                       "config_hash": run.config_hash, "provenance": run.provenance,
+                       "created_at": run.created_at.isoformat() if run.created_at else None},
+                      indent=2, sort_keys=True).encode()

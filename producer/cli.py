@@ -15,7 +15,6 @@ import click
 from ledger.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ledger.errors import RegenError, RunNotFound, StoreError
 from ledger.settings import redact
-from worker.process.options import WorkerOptions
 
 from .cli_common import (
     ERROR_EXIT,
@@ -27,6 +26,7 @@ from .cli_common import (
     store,
 )
 from .cli_common import settings as _settings
+from .cli_worker import worker
 
 log = logging.getLogger("regen.cli")
 
@@ -64,6 +64,10 @@ def main(verbose: bool, debug: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+# The one command that starts processes, in a module of its own (producer/cli_worker.py).
+main.add_command(worker)
+
+
 @main.group()
 def db() -> None:
     """The Postgres ledger's schema."""
@@ -94,7 +98,9 @@ def db_current(database_url: str | None) -> None:
 @click.option("--variant", type=click.Choice(["random", "trained", "stub"]), default="trained", show_default=True,
               help="random weights; trained to follow the chat format; or trained to answer with stubs")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45", "gpt_oss"]), default="qwen3",
+# The families worker/tiny/families.py builds (SPECS' keys), written out: importing worker.tiny costs 0.4 s.
+@click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45", "kimi_k2", "mistral", "gpt_oss"]),
+              default="qwen3",
               show_default=True, help="chat family: its tokens, chat template and output format")
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")
 def tiny_model(out_dir: str, variant: str, seed: int, family: str, force: bool) -> None:
@@ -176,91 +182,6 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
                    "as it drains")
     for reason, n in sorted(report.reject_reasons.items()):
         click.echo(f"  {reason}: {n}")
-
-
-_W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker/process/options.py
-
-
-@main.command()
-@click.option("--gpus", default="none", show_default=True, help="none (one CPU engine) | all | 0,1,2,3")
-@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size: GPUs per engine")
-@click.option("--concurrency", type=int, default=_W.concurrency, show_default=True,
-              help="batches each engine holds, fixed; 0: start from its max_num_seqs and hold more "
-                   "while it runs short of work")
-@click.option("--queue", "queues", default=",".join(_W.queues), show_default=True,
-              help="queues to consume (comma-separated)")
-@click.option("--model", default=None, help="load this model at start (default: the first batch's model)")
-@click.option("--engine-arg", "engine_args", multiple=True, help="vLLM engine argument key=value (repeatable)")
-@click.option("--lease-s", type=float, default=_W.lease_s, show_default=True,
-              help="a running batch without heartbeat for this long may be taken over")
-@click.option("--max-attempts", type=int, default=_W.max_attempts, show_default=True,
-              help="failures before a batch is dead")
-@click.option("--heartbeat-s", type=float, default=_W.heartbeat_s, show_default=True, help="lease refresh interval")
-@click.option("--reconcile-s", type=float, default=_W.reconcile_s, show_default=True,
-              help="how often this node offers to requeue lost batches (0: never)")
-@click.option("--requeue-grace-s", type=float, default=_W.requeue_grace_s, show_default=True,
-              help="a queued batch with no message waiting and none claimed this long after its last "
-                   "one gets a new message from the reconciler")
-@click.option("--metrics-port", type=int, default=0, show_default=True,
-              help="engine and worker metrics on this port + process index (0: off)")
-@click.option("--node-name", default=None, help="this node's name in worker names (default: the host name)")
-@click.option("--fake-engine", default=None, metavar="tok_s=..,seqs=..,mean=..,sigma=..,gpus=..",
-              help="BENCHMARK/TEST DEVICE, not a production mode: no vLLM, random token ids at this rate "
-                   "(worker/engine/fake.py); serves only runs submitted with --benchmark, refuses (and counts) "
-                   "every other run's batches; its output is marked fake and never exported")
-@click.option("--drain-before-end-s", type=float, default=_W.drain_before_end_s, show_default=True,
-              help="in a SLURM job with a time limit, take no new batch this long before its end (0: off)")
-@click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
-def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           requeue_grace_s, metrics_port, node_name, fake_engine, drain_before_end_s, dry_run) -> None:
-    """Start one worker process per GPU group on this node and supervise them.
-
-    In a SLURM job (deploy/slurm/), ``--gpus all`` is the job's allocation, the node name is
-    SLURM's node plus the job and step ids, and no batch is taken in the job's last
-    ``--drain-before-end-s`` (worker/process/slurm.py).
-    """
-    import time
-
-    from worker.engine.args import parse_engine_args
-    from worker.process import slurm
-    from worker.process.launcher import parse_gpus, plan_processes, run_launcher
-
-    parse_engine_args(list(engine_args))  # refuse a malformed pair here, before any process starts
-
-    node = slurm.plan_node(gpus, node_name, drain_before_end_s, job=slurm.from_env(), now=time.time(),
-                           parse_gpus=parse_gpus)
-    deadline_args = ["--stop-taking-at", f"{node.stop_taking_at:.3f}"] if node.stop_taking_at is not None else []
-    plans = plan_processes(node.gpus, tp=tp, host=node.node_name, queues=queues, metrics_port=metrics_port, concurrency=concurrency, model=model,
-                           engine_args=list(engine_args),
-                           extra_args=["--lease-s", str(lease_s), "--max-attempts", str(max_attempts),
-                                       "--heartbeat-s", str(heartbeat_s), "--reconcile-s", str(reconcile_s),
-                                       "--requeue-grace-s", str(requeue_grace_s),
-                                       *(["--fake-engine", fake_engine] if fake_engine else []), *deadline_args])
-    if dry_run:
-        if node.context:
-            click.echo(node.context)
-        for p in plans:
-            click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
-                       + " ".join(p.argv[1:]))
-        return
-    _require_ledger_schema()
-    sys.exit(run_launcher(plans, context=node.context))
-
-
-def _require_ledger_schema() -> None:
-    """A worker of another migration than its ledger's is refused at start (ledger/migrate.py).
-
-    An unreachable ledger is not refused: workers wait for it (a node may boot while
-    Postgres restarts), and check nothing more then.
-    """
-    from sqlalchemy.exc import OperationalError
-
-    from ledger import migrate
-
-    try:
-        migrate.require_head(_settings(None))
-    except OperationalError as e:
-        log.warning("could not check the ledger's migration (%s); starting anyway", str(e).splitlines()[0])
 
 
 @main.command()

@@ -51,7 +51,7 @@ from ledger.object_keys import parse_s3_url
 from ledger.objects import ObjectStore
 from ledger.reconcile import top_up
 from ledger.runs import RunRecord, get_run
-from ledger.shards import encode_shard, input_group_url, pack_shards, run_manifest_url
+from ledger.shards import encode_manifest, encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
 
 from .dataset.normalize import normalize_row
@@ -441,12 +441,3 @@ def _stream_into_batches(submitter: _Submitter, samples: Iterator[dict], rejects
     timings = report.timings_s
     timings["read_and_normalize"] = round(reading_s - timings.get("dedupe", 0.0)
                                           - timings.get("reader_waits_for_writer", 0.0), 3)
-
-
-def encode_manifest(run: RunRecord) -> bytes:
-    import json
-
-    return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling, "benchmark": run.benchmark,
-                       "config_hash": run.config_hash, "provenance": run.provenance,
-                       "created_at": run.created_at.isoformat() if run.created_at else None},
-                      indent=2, sort_keys=True).encode()

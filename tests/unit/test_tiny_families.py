@@ -376,3 +376,14 @@ def test_the_cli_builds_a_family(tmp_path, monkeypatch):
     assert CliRunner().invoke(main, ["tiny-model", str(tmp_path / "n"), "--family", "gpt2"]).exit_code == 2
     help_text = CliRunner().invoke(main, ["tiny-model", "--help"]).output
     assert all(name in help_text for name in SPECS)
+
+
+def test_regen_tiny_model_offers_every_family_the_table_builds():
+    import click
+
+    from producer.cli import main
+    from worker.tiny.families import SPECS
+
+    family = next(p for p in main.commands["tiny-model"].params if p.name == "family")
+    assert isinstance(family.type, click.Choice)
+    assert sorted(family.type.choices) == sorted(SPECS)
