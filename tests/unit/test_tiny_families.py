@@ -301,9 +301,14 @@ def test_build_keys_differ_per_family_and_qwen3s_is_models():
     assert len({fm.build_key("glm45", v, 0) for v in qwen3_model.VARIANTS}) == 3
 
 
+def cache_entries(cache) -> list[str]:
+    """The built models in a cache folder (not the lock files beside them: worker/tiny/model.py entry_lock)."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+
+
 def test_the_qwen3_family_is_the_unchanged_builder(tmp_path):
     out = fm.build_tiny_model(tmp_path / "m", family="qwen3", cache_dir=tmp_path / "cache")
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"random-0-{qwen3_model.build_key('random', 0)}"]
+    assert cache_entries(tmp_path / "cache") == [f"random-0-{qwen3_model.build_key('random', 0)}"]
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["chat_template"] == qwen3_model.TEMPLATE_PATH.read_text()
 
@@ -318,7 +323,7 @@ def test_a_random_build_loads_offline_and_carries_its_template(tmp_path, family)
 
     spec = SPECS[family]
     out = fm.build_tiny_model(tmp_path / "m", family=family, cache_dir=tmp_path / "cache")
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{family}-random-0-{fm.build_key(family, 'random', 0)}"]
+    assert cache_entries(tmp_path / "cache") == [f"{family}-random-0-{fm.build_key(family, 'random', 0)}"]
     template = json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
     assert template == spec.template_path.read_text()
     for other, marker in MARKERS.items():

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 
+from tests.support.helpers import ROOT, wait_for
 from worker.tiny import model as tiny_model
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -203,6 +206,38 @@ def test_another_build_in_the_directory_needs_force(tmp_path):
     with pytest.raises(FileExistsError):
         tiny_model.build_tiny_model(out, seed=1, cache_dir=tmp_path / "cache")
     tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=tmp_path / "cache")
+
+
+def _waiting_for_a_lock(pid: int) -> bool:
+    """Whether ``pid`` is blocked on a file lock (the kernel lists such waiters with ``->`` in /proc/locks)."""
+    return any(line.split()[1] == "->" and line.split()[5] == str(pid)
+               for line in open("/proc/locks").read().splitlines() if len(line.split()) > 5)
+
+
+def test_a_build_waits_for_the_entry_being_built_elsewhere_and_then_reuses_it(tmp_path):
+    """Two processes asking for one cache entry at once (two xdist workers) build it once: the second waits."""
+    cache = tmp_path / "cache"
+    key = tiny_model.build_key("random", 0)
+    entry = cache / f"random-0-{key}"
+    code = ("import sys; from worker.tiny.model import build_tiny_model; "
+            "build_tiny_model(sys.argv[1], cache_dir=sys.argv[2])")
+    with tiny_model.entry_lock(entry):
+        child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "m"), str(cache)], cwd=ROOT)
+        try:
+            wait_for(lambda: _waiting_for_a_lock(child.pid) or child.poll() is not None, timeout_s=120,
+                     what="the second build waiting for the entry's lock", interval_s=0.1)
+            assert child.poll() is None, "the second build did not wait for the first"
+            # What the lock's holder leaves: a complete entry (a marker is what a build checks).
+            entry.mkdir()
+            (entry / tiny_model.MARKER_FILE).write_text(json.dumps({"variant": "random", "seed": 0, "key": key}))
+            (entry / "made-by-the-first.txt").write_text("1")
+        except BaseException:
+            child.kill()
+            raise
+    assert child.wait(timeout=120) == 0
+    # Copied from the entry the first left, not built again.
+    assert (tmp_path / "m" / "made-by-the-first.txt").exists()
+    assert not (tmp_path / "m" / "model.safetensors").exists()
 
 
 def test_an_unknown_variant_is_refused(tmp_path):
