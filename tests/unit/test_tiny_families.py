@@ -12,6 +12,9 @@ from worker.tiny import family_model as fm
 from worker.tiny import model as qwen3_model
 from worker.tiny.families import SPECS
 
+#: Builds tiny models: minutes of a 2-core machine, so the module starts first under xdist (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 NEW_FAMILIES = ("llama3", "deepseek_r1", "glm45")
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -351,21 +354,29 @@ def test_an_unknown_family_or_variant_is_refused(tmp_path):
         fm.build_tiny_model(tmp_path / "m", family="glm45", variant="huge")
 
 
-def test_another_family_in_the_directory_needs_force(tmp_path):
-    out = fm.build_tiny_model(tmp_path / "m", family="llama3", cache_dir=tmp_path / "cache")
-    assert fm.build_tiny_model(out, family="llama3", cache_dir=tmp_path / "cache") == out
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """``REGEN_CACHE_DIR`` for the tests below, which build but test no first build (a family build is
+    ~30-170 s of a shared 2-core machine): its ``tiny-models`` folder is the cache."""
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+def test_another_family_in_the_directory_needs_force(tmp_path, shared_cache):
+    cache = shared_cache / "tiny-models"
+    out = fm.build_tiny_model(tmp_path / "m", family="llama3", cache_dir=cache)
+    assert fm.build_tiny_model(out, family="llama3", cache_dir=cache) == out
     with pytest.raises(FileExistsError, match="llama3"):
-        fm.build_tiny_model(out, family="glm45", cache_dir=tmp_path / "cache")
-    fm.build_tiny_model(out, family="glm45", force=True, cache_dir=tmp_path / "cache")
+        fm.build_tiny_model(out, family="glm45", cache_dir=cache)
+    fm.build_tiny_model(out, family="glm45", force=True, cache_dir=cache)
     assert json.loads((out / qwen3_model.MARKER_FILE).read_text())["family"] == "glm45"
 
 
-def test_the_cli_builds_a_family(tmp_path, monkeypatch):
+def test_the_cli_builds_a_family(tmp_path, monkeypatch, shared_cache):
     from click.testing import CliRunner
 
     from producer.cli import main
 
-    monkeypatch.setenv("REGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("REGEN_CACHE_DIR", str(shared_cache))
     result = CliRunner().invoke(main, ["tiny-model", str(tmp_path / "m"), "--variant", "random", "--family", "llama3"])
     assert result.exit_code == 0, result.output
     assert "tiny llama3 model (random)" in result.output

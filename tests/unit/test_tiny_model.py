@@ -12,6 +12,9 @@ import pytest
 from tests.support.helpers import ROOT, wait_for
 from worker.tiny import model as tiny_model
 
+#: Builds tiny models: minutes of a 2-core machine, so the module starts first under xdist (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -161,16 +164,22 @@ def test_the_random_build_is_byte_for_byte_deterministic(tmp_path):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 
-def test_another_seed_gives_other_weights(tmp_path):
-    a = tiny_model.build_tiny_model(tmp_path / "a", seed=0, cache_dir=tmp_path / "cache")
-    b = tiny_model.build_tiny_model(tmp_path / "b", seed=1, cache_dir=tmp_path / "cache")
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache for the tests below that build but test no first build: each build is ~10 s of a 2-core machine."""
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+def test_another_seed_gives_other_weights(tmp_path, shared_cache):
+    a = tiny_model.build_tiny_model(tmp_path / "a", seed=0, cache_dir=shared_cache)
+    b = tiny_model.build_tiny_model(tmp_path / "b", seed=1, cache_dir=shared_cache)
     assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
 
 
-def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path):
+def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path, shared_cache):
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=shared_cache)
     config = AutoConfig.from_pretrained(out, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     gen = GenerationConfig.from_pretrained(out, local_files_only=True)
@@ -185,12 +194,12 @@ def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path):
                                    add_generation_prompt=True).endswith("<|im_start|>assistant\n")
 
 
-def test_a_second_build_reuses_the_directory_and_force_replaces_it(tmp_path):
-    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+def test_a_second_build_reuses_the_directory_and_force_replaces_it(tmp_path, shared_cache):
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=shared_cache)
     (out / "extra.txt").write_text("left by a user")
-    assert tiny_model.build_tiny_model(out, cache_dir=tmp_path / "cache") == out
+    assert tiny_model.build_tiny_model(out, cache_dir=shared_cache) == out
     assert (out / "extra.txt").exists()
-    tiny_model.build_tiny_model(out, force=True, cache_dir=tmp_path / "cache")
+    tiny_model.build_tiny_model(out, force=True, cache_dir=shared_cache)
     assert not (out / "extra.txt").exists()
 
 
@@ -201,11 +210,11 @@ def test_a_directory_with_other_content_is_never_overwritten(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_another_build_in_the_directory_needs_force(tmp_path):
-    out = tiny_model.build_tiny_model(tmp_path / "m", seed=0, cache_dir=tmp_path / "cache")
+def test_another_build_in_the_directory_needs_force(tmp_path, shared_cache):
+    out = tiny_model.build_tiny_model(tmp_path / "m", seed=0, cache_dir=shared_cache)
     with pytest.raises(FileExistsError):
-        tiny_model.build_tiny_model(out, seed=1, cache_dir=tmp_path / "cache")
-    tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=tmp_path / "cache")
+        tiny_model.build_tiny_model(out, seed=1, cache_dir=shared_cache)
+    tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=shared_cache)
 
 
 def _waiting_for_a_lock(pid: int) -> bool:
