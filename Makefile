@@ -16,8 +16,11 @@ demo: install
 # Everything, against real Postgres, Redis, a moto S3 server, Celery workers and vLLM's CPU build.
 # Postgres and Redis: the ones answering on 127.0.0.1:5432/:6379, else started from wheels for the
 # session (REGEN_TEST_SERVICES=embedded: always; docs/testing.md). -rs names every skip and why.
+# On TEST_WORKERS pytest-xdist workers, heaviest test groups first (docs/testing.md says the rules);
+# --durations=30 lists where the time went. TEST_WORKERS=0: one process, no xdist.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Unit tests only: no services, no engine.
 test-fast: install

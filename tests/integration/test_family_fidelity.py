@@ -59,24 +59,28 @@ class Case:
         return f"{self.family}+{self.template.removesuffix('.jinja')}" if self.template else self.family
 
 
+#: A family's cases next to each other: they share its engine (FamilyEngines), one engine up at a time.
 CASES = (
-    Case("llama3"), Case("deepseek_r1"), Case("glm45"),
+    Case("llama3"),
+    Case("llama3", "llama31.jinja", parsers=(None, "llama3_json"),
+         no_calls_because="the tiny model was trained on regen's own Llama template; under the published one "
+                          "(tools in the first user turn) it wrote no valid call (2026-12-01: 0 calls, "
+                          "5 tool_call_invalid of 14 tool conversations)"),
+    Case("deepseek_r1"),
     Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3"),
          no_calls_because="R1's published template renders no tool list, so the tiny model is offered none"),
     Case("deepseek_r1", "deepseek_v31.jinja", thinking="mix", parsers=("deepseek_v3", "deepseek_v31"),
          no_calls_because="the tiny model writes R1's call format, not V3.1's"),
+    Case("glm45"),
     Case("glm45", "glm45.jinja", thinking="mix"),
-    Case("kimi_k2"), Case("mistral"),
+    Case("kimi_k2"),
     Case("kimi_k2", "kimi_k2_thinking.jinja"),
+    Case("mistral"),
     Case("mistral", "mistral_small31.jinja",
          no_calls_because="the tiny model was trained on regen's own Mistral template; under Mistral Small 3.1's "
                           "(its long tool-calling system prompt, tools written key by key) it wrote calls but none "
                           "that led to a splice (2026-12-02: 0 spliced, 10 tool_call_invalid and 4 "
                           "tool_calls_diverged of 14 tool conversations)"),
-    Case("llama3", "llama31.jinja", parsers=(None, "llama3_json"),
-         no_calls_because="the tiny model was trained on regen's own Llama template; under the published one "
-                          "(tools in the first user turn) it wrote no valid call (2026-12-01: 0 calls, "
-                          "5 tool_call_invalid of 14 tool conversations)"),
 )
 
 
@@ -109,35 +113,76 @@ def _swap_template(model: Path, template: Path) -> None:
         (model / other).unlink(missing_ok=True)
 
 
+class FamilyEngines:
+    """One engine per family's weights, shared by that family's cases (its own template and the published ones).
+
+    The engine never reads the chat template: prompts enter it as token ids, rendered by the
+    case's own tokenizer (worker/conversation/rendering.py), and its completions come back as
+    ids that the case's parsers read. A published template swapped into a copy of the model
+    therefore needs no engine of its own; the weights, config and stop tokens are the same files.
+    CASES lists a family's cases next to each other, so one engine is up at a time
+    (~50 s a load on a busy 2-core machine: 3 loads instead of 7).
+    """
+
+    def __init__(self, tmp_path_factory):
+        self._tmp = tmp_path_factory
+        self.family: str | None = None
+        self.host = None
+        self.model: Path | None = None
+
+    def get(self, family: str):
+        from tests.fixtures.worker import TEST_ENGINE_ENV
+        from worker.engine.host import EngineHost
+        from worker.tiny.family_model import build_tiny_model
+
+        if family != self.family:
+            self.close()
+            self.model = build_tiny_model(self._tmp.mktemp("engines") / family, variant="trained", family=family)
+            for key, value in TEST_ENGINE_ENV.items():
+                os.environ.setdefault(key, value)
+            self.host = EngineHost(model=str(self.model), engine_args={"max_model_len": 4096})
+            self.host.start()
+            self.family = family
+        return self.host
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.shutdown()
+        self.family = self.host = None
+
+
+@pytest.fixture(scope="module")
+def family_engines(tmp_path_factory):
+    engines = FamilyEngines(tmp_path_factory)
+    yield engines
+    engines.close()
+
+
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: case.id)
-def family(request, tmp_path_factory):
-    """(case, model dir, run record, rows): one engine per case, closed before the next starts."""
+def family(request, family_engines, tmp_path_factory):
+    """(case, model dir, run record, rows): the case's conversations through its family's engine."""
+    from transformers import AutoTokenizer
+
     from producer.run_config import build_run_config
-    from tests.fixtures.worker import TEST_ENGINE_ENV
     from worker.conversation.generation import generate_batch
     from worker.conversation.rendering import Renderer
-    from worker.engine.host import EngineHost
     from worker.tiny.family_model import build_tiny_model
 
     case = request.param
     name = case.family
+    host = family_engines.get(name)
+    # The case's own copy of the model (a cache hit): its template is what submit, the renderer and the
+    # export read, from the directory the rows name.
     model = build_tiny_model(tmp_path_factory.mktemp("families") / case.id, variant="trained", family=name)
     if case.template:
         _swap_template(model, PUBLISHED / case.template)
-    for key, value in TEST_ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
     # Parsers and thinking argument: none named, found by rendering the template.
     config = build_run_config(str(model), max_tokens=160, seed=11, thinking=case.thinking)
-    host = EngineHost(model=str(model), engine_args={"max_model_len": 4096})
-    host.start()
-    try:
-        renderer = Renderer(host.tokenizer, host.max_model_len)
-        run = {"id": 1, "name": f"fid-{name}", "model": host.model, "config_hash": config.hash,
-               "sampling": config.as_record(),
-               "provenance": {"engine": host.engine_version, "chat_template_sha256": renderer.template_hash}}
-        rows = host.submit(generate_batch(host, renderer, _conversations(), run)).result(timeout=900)
-    finally:
-        host.shutdown()
+    renderer = Renderer(AutoTokenizer.from_pretrained(model), host.max_model_len)
+    run = {"id": 1, "name": f"fid-{name}", "model": str(model), "config_hash": config.hash,
+           "sampling": config.as_record(),
+           "provenance": {"engine": host.engine_version, "chat_template_sha256": renderer.template_hash}}
+    rows = host.submit(generate_batch(host, renderer, _conversations(), run)).result(timeout=900)
     return case, model, config, rows
 
 

@@ -14,6 +14,9 @@ from worker.tiny import family_model as fm
 from worker.tiny import model as qwen3_model
 from worker.tiny.families import SPECS
 
+#: Builds tiny models: minutes of a 2-core machine, so the module starts first under xdist (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 NEW_FAMILIES = ("llama3", "deepseek_r1", "glm45")
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -307,9 +310,14 @@ def test_build_keys_differ_per_family_and_qwen3s_is_models():
     assert len({fm.build_key("glm45", v, 0) for v in qwen3_model.VARIANTS}) == 3
 
 
+def cache_entries(cache) -> list[str]:
+    """The built models in a cache folder (not the lock files beside them: worker/tiny/model.py entry_lock)."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+
+
 def test_the_qwen3_family_is_the_unchanged_builder(tmp_path):
     out = fm.build_tiny_model(tmp_path / "m", family="qwen3", cache_dir=tmp_path / "cache")
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"random-0-{qwen3_model.build_key('random', 0)}"]
+    assert cache_entries(tmp_path / "cache") == [f"random-0-{qwen3_model.build_key('random', 0)}"]
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["chat_template"] == qwen3_model.TEMPLATE_PATH.read_text()
 
@@ -324,7 +332,7 @@ def test_a_random_build_loads_offline_and_carries_its_template(tmp_path, family)
 
     spec = SPECS[family]
     out = fm.build_tiny_model(tmp_path / "m", family=family, cache_dir=tmp_path / "cache")
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{family}-random-0-{fm.build_key(family, 'random', 0)}"]
+    assert cache_entries(tmp_path / "cache") == [f"{family}-random-0-{fm.build_key(family, 'random', 0)}"]
     template = json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
     assert template == spec.template_path.read_text()
     for other, marker in MARKERS.items():
@@ -352,21 +360,29 @@ def test_an_unknown_family_or_variant_is_refused(tmp_path):
         fm.build_tiny_model(tmp_path / "m", family="glm45", variant="huge")
 
 
-def test_another_family_in_the_directory_needs_force(tmp_path):
-    out = fm.build_tiny_model(tmp_path / "m", family="llama3", cache_dir=tmp_path / "cache")
-    assert fm.build_tiny_model(out, family="llama3", cache_dir=tmp_path / "cache") == out
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """``REGEN_CACHE_DIR`` for the tests below, which build but test no first build (a family build is
+    ~30-170 s of a shared 2-core machine): its ``tiny-models`` folder is the cache."""
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+def test_another_family_in_the_directory_needs_force(tmp_path, shared_cache):
+    cache = shared_cache / "tiny-models"
+    out = fm.build_tiny_model(tmp_path / "m", family="llama3", cache_dir=cache)
+    assert fm.build_tiny_model(out, family="llama3", cache_dir=cache) == out
     with pytest.raises(FileExistsError, match="llama3"):
-        fm.build_tiny_model(out, family="glm45", cache_dir=tmp_path / "cache")
-    fm.build_tiny_model(out, family="glm45", force=True, cache_dir=tmp_path / "cache")
+        fm.build_tiny_model(out, family="glm45", cache_dir=cache)
+    fm.build_tiny_model(out, family="glm45", force=True, cache_dir=cache)
     assert json.loads((out / qwen3_model.MARKER_FILE).read_text())["family"] == "glm45"
 
 
-def test_the_cli_builds_a_family(tmp_path, monkeypatch):
+def test_the_cli_builds_a_family(tmp_path, monkeypatch, shared_cache):
     from click.testing import CliRunner
 
     from producer.cli import main
 
-    monkeypatch.setenv("REGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("REGEN_CACHE_DIR", str(shared_cache))
     result = CliRunner().invoke(main, ["tiny-model", str(tmp_path / "m"), "--variant", "random", "--family", "llama3"])
     assert result.exit_code == 0, result.output
     assert "tiny llama3 model (random)" in result.output

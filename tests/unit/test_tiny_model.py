@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 
+from tests.support.helpers import ROOT, wait_for
 from worker.tiny import model as tiny_model
+
+#: Builds tiny models: minutes of a 2-core machine, so the module starts first under xdist (docs/testing.md).
+pytestmark = pytest.mark.slow
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -158,16 +164,22 @@ def test_the_random_build_is_byte_for_byte_deterministic(tmp_path):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 
-def test_another_seed_gives_other_weights(tmp_path):
-    a = tiny_model.build_tiny_model(tmp_path / "a", seed=0, cache_dir=tmp_path / "cache")
-    b = tiny_model.build_tiny_model(tmp_path / "b", seed=1, cache_dir=tmp_path / "cache")
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache for the tests below that build but test no first build: each build is ~10 s of a 2-core machine."""
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+def test_another_seed_gives_other_weights(tmp_path, shared_cache):
+    a = tiny_model.build_tiny_model(tmp_path / "a", seed=0, cache_dir=shared_cache)
+    b = tiny_model.build_tiny_model(tmp_path / "b", seed=1, cache_dir=shared_cache)
     assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
 
 
-def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path):
+def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path, shared_cache):
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=shared_cache)
     config = AutoConfig.from_pretrained(out, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     gen = GenerationConfig.from_pretrained(out, local_files_only=True)
@@ -182,12 +194,12 @@ def test_the_built_directory_loads_offline_with_the_expected_config(tmp_path):
                                    add_generation_prompt=True).endswith("<|im_start|>assistant\n")
 
 
-def test_a_second_build_reuses_the_directory_and_force_replaces_it(tmp_path):
-    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=tmp_path / "cache")
+def test_a_second_build_reuses_the_directory_and_force_replaces_it(tmp_path, shared_cache):
+    out = tiny_model.build_tiny_model(tmp_path / "m", cache_dir=shared_cache)
     (out / "extra.txt").write_text("left by a user")
-    assert tiny_model.build_tiny_model(out, cache_dir=tmp_path / "cache") == out
+    assert tiny_model.build_tiny_model(out, cache_dir=shared_cache) == out
     assert (out / "extra.txt").exists()
-    tiny_model.build_tiny_model(out, force=True, cache_dir=tmp_path / "cache")
+    tiny_model.build_tiny_model(out, force=True, cache_dir=shared_cache)
     assert not (out / "extra.txt").exists()
 
 
@@ -198,11 +210,43 @@ def test_a_directory_with_other_content_is_never_overwritten(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_another_build_in_the_directory_needs_force(tmp_path):
-    out = tiny_model.build_tiny_model(tmp_path / "m", seed=0, cache_dir=tmp_path / "cache")
+def test_another_build_in_the_directory_needs_force(tmp_path, shared_cache):
+    out = tiny_model.build_tiny_model(tmp_path / "m", seed=0, cache_dir=shared_cache)
     with pytest.raises(FileExistsError):
-        tiny_model.build_tiny_model(out, seed=1, cache_dir=tmp_path / "cache")
-    tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=tmp_path / "cache")
+        tiny_model.build_tiny_model(out, seed=1, cache_dir=shared_cache)
+    tiny_model.build_tiny_model(out, seed=1, force=True, cache_dir=shared_cache)
+
+
+def _waiting_for_a_lock(pid: int) -> bool:
+    """Whether ``pid`` is blocked on a file lock (the kernel lists such waiters with ``->`` in /proc/locks)."""
+    return any(line.split()[1] == "->" and line.split()[5] == str(pid)
+               for line in open("/proc/locks").read().splitlines() if len(line.split()) > 5)
+
+
+def test_a_build_waits_for_the_entry_being_built_elsewhere_and_then_reuses_it(tmp_path):
+    """Two processes asking for one cache entry at once (two xdist workers) build it once: the second waits."""
+    cache = tmp_path / "cache"
+    key = tiny_model.build_key("random", 0)
+    entry = cache / f"random-0-{key}"
+    code = ("import sys; from worker.tiny.model import build_tiny_model; "
+            "build_tiny_model(sys.argv[1], cache_dir=sys.argv[2])")
+    with tiny_model.entry_lock(entry):
+        child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "m"), str(cache)], cwd=ROOT)
+        try:
+            wait_for(lambda: _waiting_for_a_lock(child.pid) or child.poll() is not None, timeout_s=120,
+                     what="the second build waiting for the entry's lock", interval_s=0.1)
+            assert child.poll() is None, "the second build did not wait for the first"
+            # What the lock's holder leaves: a complete entry (a marker is what a build checks).
+            entry.mkdir()
+            (entry / tiny_model.MARKER_FILE).write_text(json.dumps({"variant": "random", "seed": 0, "key": key}))
+            (entry / "made-by-the-first.txt").write_text("1")
+        except BaseException:
+            child.kill()
+            raise
+    assert child.wait(timeout=120) == 0
+    # Copied from the entry the first left, not built again.
+    assert (tmp_path / "m" / "made-by-the-first.txt").exists()
+    assert not (tmp_path / "m" / "model.safetensors").exists()
 
 
 def test_an_unknown_variant_is_refused(tmp_path):

@@ -374,10 +374,12 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: str = "random", see
         return out
     cached = Path(cache_dir) if cache_dir is not None else qwen3_model.default_cache_dir()
     cached = cached / f"{family}-{variant}-{seed}-{key}"
-    if force:
-        shutil.rmtree(cached, ignore_errors=True)
-    if (qwen3_model._read_marker(cached) or {}).get("key") != key:
-        _build_cache_entry(spec, cached, variant, seed, key)
+    if force or (qwen3_model._read_marker(cached) or {}).get("key") != key:
+        with qwen3_model.entry_lock(cached):  # one build per entry at a time on the machine
+            if force:
+                shutil.rmtree(cached, ignore_errors=True)
+            if (qwen3_model._read_marker(cached) or {}).get("key") != key:
+                _build_cache_entry(spec, cached, variant, seed, key)
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(cached, out)

@@ -287,6 +287,22 @@ def _build_cache_entry(cached: Path, variant: str, seed: int, key: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def entry_lock(cached: Path):
+    """Hold the machine-wide lock of the cache entry ``cached`` (an advisory lock on a file beside it).
+
+    Two processes that want the same entry at once (two pytest-xdist workers, a worker and
+    the demo) then build it once: the second waits, and finds it built. The lock is the
+    kernel's, so a killed builder never leaves it held.
+    """
+    import fcntl
+
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.parent / f".{cached.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random", seed: int = 0,
                      force: bool = False, cache_dir: str | os.PathLike | None = None) -> Path:
     """Build the tiny Qwen3 model into ``out_dir``; loadable offline by transformers and vLLM.
@@ -321,10 +337,12 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: Variant = "random",
 
     cached = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cached = cached / f"{variant}-{seed}-{key}"
-    if force:
-        shutil.rmtree(cached, ignore_errors=True)
-    if (_read_marker(cached) or {}).get("key") != key:
-        _build_cache_entry(cached, variant, seed, key)
+    if force or (_read_marker(cached) or {}).get("key") != key:
+        with entry_lock(cached):
+            if force:
+                shutil.rmtree(cached, ignore_errors=True)
+            if (_read_marker(cached) or {}).get("key") != key:  # or built meanwhile by the lock's last holder
+                _build_cache_entry(cached, variant, seed, key)
 
     if out.exists():
         shutil.rmtree(out)
