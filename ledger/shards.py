@@ -33,7 +33,6 @@ from ledger.objects import join_key, sha256_hex
 
 if TYPE_CHECKING:
     from ledger.objects import ObjectStore
-    from ledger.runs import RunRecord
 
 __all__ = ["InputSlice", "decode_packed", "decode_shard", "encode_shard", "input_group_url", "input_shard_url",
            "output_shard_url", "pack_shards", "read_input_shard", "run_manifest_url", "sha256_hex"]
@@ -202,8 +201,11 @@ def run_manifest_url(output_url: str) -> str:
     return join_key(output_url, "run.json")
 
 
-def encode_manifest(run: RunRecord) -> bytes:
-    """The run's manifest (``run_manifest_url``): what was asked and recorded, beside its shards (docs/formats.md)."""
+def encode_manifest(run: Any) -> bytes:
+    """The run's manifest (``run_manifest_url``): what was asked and recorded, beside its shards (docs/formats.md).
+
+    ``run`` is a ledger.runs.RunRecord, not imported here: ledger/runs.py imports this module.
+    """
     return json.dumps({"run": run.name, "model": run.model, "sampling": run.sampling, "benchmark": run.benchmark,
                        "config_hash": run.config_hash, "provenance": run.provenance,
                        "created_at": run.created_at.isoformat() if run.created_at else None},

@@ -13,8 +13,9 @@ Command → module::
     regen report           results/report.py (report_plots.py), reading through results/outputs.py
     regen export           results/export.py (export_rows.py), reading through results/outputs.py
     regen requeue, resume  ledger/reconcile.py, ledger/quality.py
-    regen worker           worker/process/launcher.py
-    regen tiny-model       worker/tiny/model.py
+    regen worker           cli_worker.py → worker/process/slurm.py (a SLURM job's node, GPUs, end),
+                           worker/process/launcher.py
+    regen tiny-model       worker/tiny/family_model.py
 
 ``cli.py`` declares the commands, ``cli_common.py`` what they share (settings, the
 ledger block, the run-config options), ``cli_errors.py`` the one line a ledger, broker or S3

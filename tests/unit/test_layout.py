@@ -16,7 +16,7 @@ PACKAGES = ("ledger", "targets", "worker", "local", "producer")
 #: Who may import whom: a package imports only those before it.
 ORDER = ("ledger", "targets", "worker", "local", "producer", "bench")
 #: producer/'s root: the CLI and the run verbs. Everything else lives in a subpackage.
-PRODUCER_ROOT = {"__init__.py", "cli.py", "cli_common.py", "cli_errors.py", "submit.py", "submit_checks.py",
+PRODUCER_ROOT = {"__init__.py", "cli.py", "cli_common.py", "cli_errors.py", "cli_worker.py", "submit.py", "submit_checks.py",
                  "run_config.py", "retry.py", "clean.py"}
 
 

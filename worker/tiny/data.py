@@ -21,7 +21,10 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .families import Family
 
 #: A small English-ish lexicon: prose of the tokenizer corpus and of the conversations.
 WORDS = (
@@ -327,3 +330,27 @@ def render_example(tokenizer, example: Example) -> tuple[list[int], int]:
     prompt_enc, completion_enc = tokenizer.backend_tokenizer.encode_batch([prompt, completion],
                                                                          add_special_tokens=False)
     return prompt_enc.ids + completion_enc.ids, len(prompt_enc.ids)
+
+
+def normalised(example: Example, family: Family) -> Example:
+    """The example in regen's full normalised form: call ids in the family's form, and tool results naming
+    their call (by id, and by name where the family's conversations do)."""
+    messages: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    count = 0
+    for message in example.messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                calls.append({"id": family.call_id(call["function"]["name"], count), **call})
+                count += 1
+            message["tool_calls"] = calls
+            pending = list(calls)
+        elif message["role"] == "tool" and pending:
+            call = pending.pop(0)
+            message["tool_call_id"] = call["id"]
+            if family.tool_result_names:
+                message["name"] = call["function"]["name"]
+        messages.append(message)
+    return Example(messages=messages, tools=example.tools, enable_thinking=example.enable_thinking)

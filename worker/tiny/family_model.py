@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from . import data as tiny_data
 from . import model as qwen3_model
@@ -120,30 +119,6 @@ def generation_config(family: Family, tokenizer):
 # --- training data -----------------------------------------------------------------------------
 
 
-def _normalised(example: tiny_data.Example, family: Family) -> tiny_data.Example:
-    """The example in regen's full normalised form: call ids in the family's form, and tool results naming
-    their call (by id, and by name where the family's conversations do)."""
-    messages: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
-    count = 0
-    for message in example.messages:
-        message = dict(message)
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                calls.append({"id": family.call_id(call["function"]["name"], count), **call})
-                count += 1
-            message["tool_calls"] = calls
-            pending = list(calls)
-        elif message["role"] == "tool" and pending:
-            call = pending.pop(0)
-            message["tool_call_id"] = call["id"]
-            if family.tool_result_names:
-                message["name"] = call["function"]["name"]
-        messages.append(message)
-    return tiny_data.Example(messages=messages, tools=example.tools, enable_thinking=example.enable_thinking)
-
-
 def family_example(family: Family, rng: random.Random, *, stub: bool = False) -> tiny_data.Example:
     """One synthetic conversation (``data.synthetic_example``) as the family can render it.
 
@@ -158,7 +133,7 @@ def family_example(family: Family, rng: random.Random, *, stub: bool = False) ->
             continue
         if any(m["role"] == "user" and m["content"].startswith(DETAIL_CUE) for m in example.messages):
             continue
-        return _normalised(example, family)
+        return tiny_data.normalised(example, family)
 
 
 def completion_text(family: Family, tokenizer, example: tiny_data.Example) -> tuple[str, str]:

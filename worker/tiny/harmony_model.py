@@ -140,9 +140,9 @@ def harmony_example(rng: random.Random) -> tuple[list[int], int] | None:
     """
     from targets import harmony
 
-    from .family_model import _normalised
+    from .families import SPECS
 
-    example = _normalised(tiny_data.synthetic_example(rng))
+    example = tiny_data.normalised(tiny_data.synthetic_example(rng), SPECS["gpt_oss"])
     last = dict(example.messages[-1])
     if len(last.get("tool_calls") or []) > 1:
         return None
