@@ -233,9 +233,13 @@ def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
     return lost
 
 
-def _mark_top_up(session: Session, client, queue: str, *, window: int) -> list:
-    """Planned batches of ``queue`` that fill its window, moved to ``queued``: their rows, for the caller to publish."""
-    room = window - ready_length(client, queue)
+def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: int = 0) -> list:
+    """Planned batches of ``queue`` that fill its window, moved to ``queued``: their rows, for the caller to publish.
+
+    ``pending``: messages of ``queue`` this pass will publish before these (expired leases, lost
+    messages), not on the queue yet: they take their room in the window too.
+    """
+    room = window - ready_length(client, queue) - pending
     if room <= 0:
         return []
     rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": None}).all()
@@ -287,7 +291,8 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
                     lost = _mark_lost(s, client, queue, grace_s=grace_s)
                     report.lost += len(lost)
                     front += lost
-                    top_ups[queue] = _mark_top_up(s, client, queue, window=window)
+                    top_ups[queue] = _mark_top_up(s, client, queue, window=window,
+                                                  pending=sum(1 for r in front if r.queue == queue))
         except _BROKER_ERRORS as e:
             log.warning("reconciler: the broker failed during the pass (%s: %s); the next pass retries",
                         type(e).__name__, e)
