@@ -71,7 +71,7 @@ def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_tw
     a.wait_ready()
     b.wait_ready()
     run_cli(["submit", str(tmp_path / "held.jsonl"), "--run", "held", "--model", a.model, "--output",
-             f"{s3_bucket}/held", "--batch-size", "4", "--max-tokens", "64", "--seed", "7",
+             f"{s3_bucket}/held", "--batch-size", "4", "--max-tokens", "256", "--seed", "7",
              "--quality-thresholds", '{"gate_overridden": true}'], env)
 
     def stranded() -> set[int]:

@@ -230,8 +230,11 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
     assert final["samples"]["done"] == 290 and final["samples"]["failed"] == 0
     assert _by_worker(sessions, run, like_resumed, "done"), "the requeued task committed nothing"
     killed = _batches(sessions, killed_holding)
-    # Each was claimed again once its lease had expired (a new attempt) and done by the resumed task.
-    assert all(b.status == "done" and b.attempts >= 2 and b.worker.endswith("-r1") for b in killed), killed
+    # Each was claimed again once its lease had expired (a new attempt) and done by the resumed task, or
+    # was committed by the killed task in the moment between this test seeing it run and the SIGKILL
+    # landing (a batch is a second or two of work here): done once either way, never lost.
+    assert all(b.status == "done" and ((b.attempts >= 2 and b.worker.endswith("-r1"))
+                                       or (b.attempts == 1 and not b.worker.endswith("-r1"))) for b in killed), killed
 
     # 4. A user cancel ends the array for good: SIGTERM, hand-back, no requeue.
     slurm.run("scancel", array)

@@ -66,10 +66,11 @@ def test_a_plain_submit_on_kimis_and_mistrals_published_templates_records_their_
         template, settings, s3_env, s3_bucket, sessions, tmp_path):
     from pathlib import Path
 
-    model = tmp_path / "model"
-    model.mkdir()
+    from tests.support.model_folder import write_model_folder
+
     source = Path(__file__).resolve().parents[1] / "data" / "templates" / template
-    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": source.read_text()}))
+    # A folder as submit checks it (config, tokenizer, template: producer/submit_checks.py), no weights.
+    model = write_model_folder(tmp_path / "model", chat_template=source.read_text())
     data = tmp_path / "a.jsonl"
     data.write_text(json.dumps({"id": "u1", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
     env = cli_env(settings, s3_env)
