@@ -179,7 +179,7 @@ def train_compact(examples, used: list[int], pad_id: int, *, seed: int, steps: i
                   batch_tokens: int = BATCH_TOKENS, label: str = "tiny gpt_oss model"):
     """A Qwen3 decoder over the used ids and one "other id" class (logit + log of their number)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config
 
     from . import training
 
@@ -193,17 +193,7 @@ def train_compact(examples, used: list[int], pad_id: int, *, seed: int, steps: i
                          num_key_value_heads=plan.num_kv_heads, head_dim=64, max_position_embeddings=8192,
                          rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
                          tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).float().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def lr_at(step: int) -> float:
-        if step < plan.warmup_steps:
-            return (step + 1) / plan.warmup_steps
-        progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    model, optimizer, scheduler = training.fresh_model(config, plan, seed=seed)
     shift = torch.zeros(other + 1)
     shift[other] = log_others
     start = time.monotonic()

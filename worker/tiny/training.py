@@ -158,13 +158,9 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
         torch.set_num_threads(threads)
 
 
-def fit(config, examples: list[tuple[list[int], int]], batches: list[list[int]], plan: TrainingPlan, *,
-        pad_id: int, seed: int, label: str, start: float):
-    """The training loop every tiny model shares: a fresh Qwen3 decoder, loss on the last turn only.
-
-    Fixed steps, warm-up then cosine decay, clipped gradients: the same seed and data give
-    the same weights (the builds are cached by content). Returns the model in bfloat16, eval mode.
-    """
+def fresh_model(config, plan: TrainingPlan, *, seed: int):
+    """(model, optimizer, scheduler) every tiny model trains with: a seeded fresh Qwen3 decoder in fp32,
+    AdamW, and a warm-up then cosine decay to a tenth of ``plan.lr`` over ``plan.steps``."""
     import torch
     from transformers import Qwen3ForCausalLM
 
@@ -178,7 +174,19 @@ def fit(config, examples: list[tuple[list[int], int]], batches: list[list[int]],
         progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+
+
+def fit(config, examples: list[tuple[list[int], int]], batches: list[list[int]], plan: TrainingPlan, *,
+        pad_id: int, seed: int, label: str, start: float):
+    """The training loop every tiny model shares: a fresh Qwen3 decoder, loss on the last turn only.
+
+    Fixed steps, warm-up then cosine decay, clipped gradients: the same seed and data give
+    the same weights (the builds are cached by content). Returns the model in bfloat16, eval mode.
+    """
+    import torch
+
+    model, optimizer, scheduler = fresh_model(config, plan, seed=seed)
     for step in range(plan.steps):
         input_ids, labels, mask = _tensors(examples, batches[step % len(batches)], pad_id)
         loss = _completion_loss(model, input_ids, labels, mask)
