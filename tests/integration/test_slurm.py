@@ -178,9 +178,15 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
              what=f"job {first} ending after SIGTERM", interval_s=0.5, on_timeout=jobs.logs)
     assert jobs.state(first) == "COMPLETED", jobs.logs()
     # Handed back through the SIGTERM path: queued again (no job runs now to take them), no failure
-    # counted, and each node's workers stopped cleanly.
-    handed_back = _batches(sessions, held_at_term)
-    assert all(b.status == "queued" and b.failures == 0 for b in handed_back), handed_back
+    # counted, and each node's workers stopped cleanly. A batch is a second or two of work here, so one
+    # may commit in the moment between this test seeing it run and the SIGTERM reaching its worker
+    # (CI, 2026-12-02: two of four): done once by the job that held it, never lost. The rest, at least
+    # one, went through the hand-back.
+    held = _batches(sessions, held_at_term)
+    handed_back = [b for b in held if b.status == "queued"]
+    assert all((b.status == "queued" and b.failures == 0)
+               or (b.status == "done" and b.attempts == 1 and b.worker.endswith(f"-{first}.0")) for b in held), held
+    assert handed_back, f"every batch held at the SIGTERM committed before it landed, none handed back: {held}"
     for node in ("n1", "n2"):
         log = jobs.log_of(first, node)
         assert "stopping: asking every worker to hand back its batches" in log, log[-3000:]
