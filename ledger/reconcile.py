@@ -171,33 +171,36 @@ def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: s
     return len(rows), sum(1 for r in rows if r.status == "dead")
 
 
-def _top_up_queue(session: Session, app: Celery, client, queue: str, *, window: int, run_id: int | None) -> int:
-    """Publish planned batches of ``queue`` (of ``run_id`` only, if given) until it holds ``window`` messages."""
-    room = window - ready_length(client, queue)
-    if room <= 0:
-        return 0
-    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": run_id}).all()
-    if not rows:
-        return 0
-    with session.begin_nested():  # a failed publish leaves them planned
-        moved = transitions.mark_published(session, [r.id for r in rows])
-        rows = [r for r in rows if r.id in moved]
-        publish_messages(app, _messages(rows), queue=queue)
-    return len(rows)
-
-
 def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id: int | None = None) -> int:
     """Fill the window of every queue of an active run (or of ``run_id``'s queue, from its batches).
 
     Waits for a reconciler pass in progress (the lock), so no planned batch is published twice.
-    Raises the broker's error: the batches it could not publish stay planned.
+    Commits before it publishes, as a pass does (``reconcile_once``): published inside the
+    transaction, a message could reach a worker whose claim then waited on the rows this
+    transaction had locked, holding one of its few ledger connections (issue 36). Raises the
+    broker's error; the batches it marked and could not publish (or all of them, should the
+    process die between the commit and the publish) are ``queued`` with no message waiting,
+    and the next reconciler pass after their grace period publishes them as lost.
     """
-    total = 0
+    marked = mark_top_ups(sessions, app, window=window, run_id=run_id)
+    for queue, rows in marked.items():
+        _publish(app, rows, queue=queue)
+    return sum(len(rows) for rows in marked.values())
+
+
+def mark_top_ups(sessions: sessionmaker[Session], app: Celery, *, window: int,
+                 run_id: int | None = None) -> dict[str, list]:
+    """``top_up``'s transaction: the planned batches that fill each window, ``queued`` and committed, by queue.
+
+    Nothing is published here: the caller publishes the rows once this has returned.
+    """
+    marked: dict[str, list] = {}
     with sessions.begin() as s, broker_client(app) as client:
         s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK})
         for (queue,) in s.execute(_ACTIVE_QUEUES, {"run": run_id}).all():
-            total += _top_up_queue(s, app, client, queue, window=window, run_id=run_id)
-    return total
+            if rows := _mark_top_up(s, client, queue, window=window, run_id=run_id):
+                marked[queue] = rows
+    return marked
 
 
 def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
@@ -233,8 +236,10 @@ def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
     return lost
 
 
-def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: int = 0) -> list:
-    """Planned batches of ``queue`` that fill its window, moved to ``queued``: their rows, for the caller to publish.
+def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: int = 0,
+                 run_id: int | None = None) -> list:
+    """Planned batches of ``queue`` (of ``run_id`` only, if given) that fill its window, moved to ``queued``:
+    their rows, for the caller to publish once the transaction has committed.
 
     ``pending``: messages of ``queue`` this pass will publish before these (expired leases, lost
     messages), not on the queue yet: they take their room in the window too.
@@ -242,7 +247,7 @@ def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: 
     room = window - ready_length(client, queue) - pending
     if room <= 0:
         return []
-    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": None}).all()
+    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": run_id}).all()
     if not rows:
         return []
     moved = transitions.mark_published(session, [r.id for r in rows])
