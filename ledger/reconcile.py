@@ -13,7 +13,9 @@ the broker will not deliver soon:
 * ``running`` batches whose lease expired: their worker died (node crash, SIGKILL,
   network partition). They go back to ``queued`` as a failed attempt (``failures + 1``,
   ``dead`` at the limit, so a batch that kills every worker that takes it cannot loop
-  forever) and get a new message at the **front** of their queue.
+  forever) and get a new message at the **front** of their queue. A lease whose worker
+  recorded in Redis that it handed the attempt back (its release could not reach the
+  ledger: ledger/handbacks.py) expires the same way with no failure counted.
 * ``queued`` batches published more than ``grace_s`` ago whose message is neither
   waiting on their queue nor claimed: lost (Redis flushed or restarted empty, the
   BRPOP-to-unacked hole), or delivered to a consumer that is gone (its ``unacked``
@@ -57,7 +59,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger import transitions
+from ledger import handbacks, transitions
 from ledger.broker import Queued, missing_messages, ready_batch_ids, ready_length
 from ledger.defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
@@ -86,6 +88,8 @@ _BROKER_ERRORS = (KombuError, RedisError, OSError)
 class RequeueReport:
     expired: int = 0
     dead: int = 0
+    #: Of the expired, hand-backs whose release never reached the ledger: no failure counted (ledger/handbacks.py).
+    handed_back: int = 0
     #: New messages for batches that had one: expired leases, lost or stranded messages.
     republished: int = 0
     #: Of them, queued batches whose message was neither on the queue nor claimed.
@@ -165,9 +169,13 @@ def broker_client(app: Celery) -> Iterator:
         yield conn.default_channel.client
 
 
-def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> tuple[int, int]:
-    """Expire lost leases (see ledger/transitions.py): (expired, of them now dead)."""
-    rows = transitions.expire_leases(session, lease_s=lease_s, max_attempts=max_attempts, run=run)
+def expire_leases(session: Session, client, *, lease_s: float, max_attempts: int,
+                  run: str | None = None) -> tuple[int, int]:
+    """Expire lost leases (ledger/handbacks.py: recorded hand-backs count no failure): (expired, of them now dead).
+
+    ``client``: the broker's redis-py client, where the hand-back records are.
+    """
+    rows = handbacks.expire_leases(session, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
     return len(rows), sum(1 for r in rows if r.status == "dead")
 
 
@@ -282,16 +290,18 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
     with sessions.begin() as s:
         if not _take_pass(s, min_interval_s=min_interval_s, worker=worker):
             return None
-        expired = transitions.expire_leases(s, lease_s=lease_s, max_attempts=max_attempts)
-        report.expired = len(expired)
-        report.dead = sum(1 for r in expired if r.status == "dead")
-        requeued = [r.id for r in expired if r.status == "queued"]
         queues = [q for (q,) in s.execute(_ACTIVE_QUEUES, {"run": None}).all()]
-        if requeued:
-            # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
-            front += s.execute(_BY_ID, {"ids": requeued}).all()
         try:
             with broker_client(app) as client:
+                # The hand-back records are read from the broker first: a pass that cannot read them
+                # expires nothing (the broker error below) rather than count a hand-back's failure.
+                expired = handbacks.expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts)
+                report.expired = len(expired)
+                report.dead = sum(1 for r in expired if r.status == "dead")
+                report.handed_back = sum(1 for r in expired if r.handed_back)
+                if requeued := [r.id for r in expired if r.status == "queued"]:
+                    # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
+                    front += s.execute(_BY_ID, {"ids": requeued}).all()
                 for queue in queues:
                     lost = _mark_lost(s, client, queue, grace_s=grace_s)
                     report.lost += len(lost)
@@ -312,9 +322,9 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
         log.warning("reconciler: publishing the pass's messages failed (%s: %s); their batches are queued and "
                     "are published again once their grace period (%.0f s) has passed", type(e).__name__, e, grace_s)
     if report.expired or report.republished:
-        log.warning("reconciler: %d leases expired (%d now dead), %d batches republished (%d with a lost message), "
-                    "%d planned batches published", report.expired, report.dead, report.republished, report.lost,
-                    report.topped_up)
+        log.warning("reconciler: %d leases expired (%d now dead, %d hand-backs with no failure counted), %d batches "
+                    "republished (%d with a lost message), %d planned batches published", report.expired,
+                    report.dead, report.handed_back, report.republished, report.lost, report.topped_up)
     elif report.topped_up:
         log.info("reconciler: %d planned batches published to fill the window", report.topped_up)
     return report
@@ -330,8 +340,8 @@ def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, le
     stay planned: the workers' reconciler publishes them as the queue drains.
     """
     report = RequeueReport()
-    with sessions.begin() as s:
-        report.expired, report.dead = expire_leases(s, lease_s=lease_s, max_attempts=max_attempts, run=run)
+    with sessions.begin() as s, broker_client(app) as client:
+        report.expired, report.dead = expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
     runs: set[str] = set()
     waiting: dict[str, set[int] | None] = {}
     after = 0

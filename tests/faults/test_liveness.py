@@ -86,13 +86,13 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     for t in threads:
         t.start()
     # Another worker's reconciler, on connections of its own: what it would expire, it expires.
-    expired = 0
+    expired, records = 0, redis_lib.Redis.from_url(settings.redis_url)  # the hand-back records: none here
     stall_ends = time.monotonic() + STALL_S
     try:
         while time.monotonic() < stall_ends:
             time.sleep(0.5)
             with sessions.begin() as s:
-                expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+                expired += expire_leases(s, records, lease_s=LEASE_S, max_attempts=3)[0]
         # The premise: the stall held, every commit still waits, and they took the whole task pool.
         stalled, pool_taken = not committed, rt.db.pool.checkedout()
     finally:
@@ -103,7 +103,7 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     for t in threads:
         t.join(timeout=60)
     with sessions.begin() as s:
-        expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+        expired += expire_leases(s, records, lease_s=LEASE_S, max_attempts=3)[0]
         failures = s.execute(text("SELECT coalesce(sum(failures), 0) FROM batches")).scalar_one()
         running = s.execute(text("SELECT count(*) FROM batches WHERE status = 'running'")).scalar_one()
     rt.begin_shutdown()
