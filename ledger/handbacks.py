@@ -58,7 +58,15 @@ def _key(batch_id: int, attempt: int) -> str:
 
 def record_hand_back(client: Any, batch_id: int, attempt: int, *, worker: str, ttl_s: float = RECORD_TTL_S) -> None:
     """Record that ``worker`` handed the batch's ``attempt`` back (redis-py client; raises its errors)."""
-    client.set(_key(batch_id, attempt), worker, ex=max(1, int(ttl_s)))
+    record_hand_backs(client, {batch_id: attempt}, worker=worker, ttl_s=ttl_s)
+
+
+def record_hand_backs(client: Any, attempts: dict[int, int], *, worker: str, ttl_s: float = RECORD_TTL_S) -> None:
+    """``record_hand_back`` for each ``{batch id: attempt}``, in one round trip (a closing worker's leftovers)."""
+    pipe = client.pipeline(transaction=False)
+    for batch_id, attempt in attempts.items():
+        pipe.set(_key(batch_id, attempt), worker, ex=max(1, int(ttl_s)))
+    pipe.execute()
 
 
 def forget_hand_back(client: Any, batch_id: int, attempt: int) -> None:

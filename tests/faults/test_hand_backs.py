@@ -23,9 +23,10 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import create_engine, text
 
+from ledger import handbacks
 from ledger.db import make_sessionmaker
 from ledger.dispatch import BatchMessage, make_celery
-from ledger.handbacks import KEY
+from ledger.handbacks import KEY, record_hand_back
 from ledger.objects import ObjectStore
 from ledger.reconcile import reconcile_once
 from ledger.settings import sqlalchemy_url
@@ -301,3 +302,29 @@ def test_a_sigkilled_workers_batch_still_counts_its_failure_when_its_lease_expir
     _done_by_another_worker(settings, sessions, env, tmp_path, batch.id)
     row = _row(sessions, batch.id)
     assert (row.status, row.attempts, row.failures) == ("done", 2, 1)
+
+
+def test_an_expiry_excuses_only_its_workers_recorded_attempt_and_expires_nothing_it_cannot_check(
+        settings, sessions, tmp_path, s3_bucket):
+    submit(settings, sessions, tmp_path, s3_bucket, run="rec", n=3, batch_size=1)
+    ids = [_batch(sessions, seq).id for seq in (1, 2, 3)]
+    for batch_id in ids:
+        assert claim_batch(sessions, batch_id, worker="w@rec", lease_s=LEASE_S).attempt == 1
+    records = redis_lib.Redis.from_url(settings.redis_url)
+    record_hand_back(records, ids[0], 1, worker="w@rec")    # this attempt, by its worker: a hand-back
+    record_hand_back(records, ids[1], 1, worker="x@rec")    # another worker's name: not this attempt's
+    record_hand_back(records, ids[2], 2, worker="w@rec")    # another attempt: not this one's
+    with sessions.begin() as s:
+        s.execute(text("UPDATE batches SET heartbeat_at = now() - interval '1 hour'"))
+        age_s = s.execute(text("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")).scalar()
+    time.sleep(max(0.0, PASS_LEASE_S + 0.5 - float(age_s)))  # no lease expires on a server younger than it
+    # Records it cannot read (nothing listens on port 1): it raises before it expires anything.
+    with pytest.raises(redis_lib.ConnectionError), sessions.begin() as s:
+        handbacks.expire_leases(s, redis_lib.Redis(host="127.0.0.1", port=1), lease_s=PASS_LEASE_S, max_attempts=3)
+    assert {_row(sessions, b).status for b in ids} == {"running"}
+    with sessions.begin() as s:
+        expired = {r.id: r.handed_back for r in handbacks.expire_leases(s, records, lease_s=PASS_LEASE_S,
+                                                                          max_attempts=3)}
+    assert expired == {ids[0]: True, ids[1]: False, ids[2]: False}
+    assert [(_row(sessions, b).status, _row(sessions, b).failures) for b in ids] == [
+        ("queued", 0), ("queued", 1), ("queued", 1)]

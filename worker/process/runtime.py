@@ -17,6 +17,7 @@ import time
 import redis as redis_lib
 from redis.exceptions import RedisError
 
+from ledger import handbacks
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import RegenError
 from ledger.model_path import resolve_model
@@ -183,23 +184,21 @@ class WorkerRuntime:
 
     def record_hand_back(self, batch_id: int, attempt: int) -> bool:
         """Tell the reconciler, through Redis, that this attempt was handed back (ledger/handbacks.py). False: not told."""
-        from ledger.handbacks import record_hand_back
+        return self._record_hand_backs({batch_id: attempt})
 
+    def _record_hand_backs(self, attempts: dict[int, int]) -> bool:
         try:
-            record_hand_back(self._records(), batch_id, attempt, worker=self.options.name)
+            handbacks.record_hand_backs(self._records(), attempts, worker=self.options.name)
             return True
         except (RedisError, OSError) as e:
-            log.warning("batch %s attempt %s: its hand-back could not be recorded in Redis either (%s: %s); if its "
-                        "release does not land, its lease's expiry counts a failure", batch_id, attempt,
-                        type(e).__name__, e)
+            log.warning("batches %s: their hand-back could not be recorded in Redis either (%s: %s); if a release "
+                        "does not land, its lease's expiry counts a failure", sorted(attempts), type(e).__name__, e)
             return False
 
     def forget_hand_back(self, batch_id: int, attempt: int) -> None:
         """The release landed: its record is not needed (a record left behind matches nothing, and expires)."""
-        from ledger.handbacks import forget_hand_back
-
         try:
-            forget_hand_back(self._records(), batch_id, attempt)
+            handbacks.forget_hand_back(self._records(), batch_id, attempt)
         except (RedisError, OSError) as e:
             log.debug("forgetting the hand-back record of batch %s failed: %s", batch_id, e)
 
@@ -349,11 +348,11 @@ class WorkerRuntime:
             # A last try for the hand-backs that gave up; what is still left goes to its lease.
             self._retry_releases(within_s=max(0.5, self.hand_back_left_s()))
             if left := self.unreleased():
-                # Recorded again, the TTL from now: a hand-back released late in a long outage is still excused.
-                recorded = [b for b, a in left.items() if self.record_hand_back(b, a)]
+                # Recorded again (one round trip), the TTL from now: excused however long the outage has lasted.
+                recorded = self._record_hand_backs(left)
                 log.warning("batches %s could not be handed back; their leases expire in %.0f s, %s", sorted(left),
-                            self.options.lease_s, "with no failure counted (recorded in Redis)" if
-                            len(recorded) == len(left) else f"a failure counted for {sorted(set(left) - set(recorded))}")
+                            self.options.lease_s, "with no failure counted (recorded in Redis)" if recorded
+                            else "each a failure counted unless recorded earlier")
         if self._engine is not None:
             self._engine.shutdown()
         self.db.dispose()
