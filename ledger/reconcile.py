@@ -170,13 +170,13 @@ def broker_client(app: Celery) -> Iterator:
 
 
 def expire_leases(session: Session, client, *, lease_s: float, max_attempts: int,
-                  run: str | None = None) -> tuple[int, int]:
-    """Expire lost leases (ledger/handbacks.py: recorded hand-backs count no failure): (expired, of them now dead).
+                  run: str | None = None) -> tuple[int, int, int]:
+    """Expire lost leases: (expired, of them now dead, of them hand-backs that count no failure: ledger/handbacks.py).
 
     ``client``: the broker's redis-py client, where the hand-back records are.
     """
     rows = handbacks.expire_leases(session, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
-    return len(rows), sum(1 for r in rows if r.status == "dead")
+    return len(rows), sum(1 for r in rows if r.status == "dead"), sum(1 for r in rows if r.handed_back)
 
 
 def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id: int | None = None) -> int:
@@ -341,7 +341,8 @@ def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, le
     """
     report = RequeueReport()
     with sessions.begin() as s, broker_client(app) as client:
-        report.expired, report.dead = expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
+        report.expired, report.dead, report.handed_back = expire_leases(s, client, lease_s=lease_s,
+                                                                        max_attempts=max_attempts, run=run)
     runs: set[str] = set()
     waiting: dict[str, set[int] | None] = {}
     after = 0
