@@ -13,7 +13,9 @@ the broker will not deliver soon:
 * ``running`` batches whose lease expired: their worker died (node crash, SIGKILL,
   network partition). They go back to ``queued`` as a failed attempt (``failures + 1``,
   ``dead`` at the limit, so a batch that kills every worker that takes it cannot loop
-  forever) and get a new message at the **front** of their queue.
+  forever) and get a new message at the **front** of their queue. A lease whose worker
+  recorded in Redis that it handed the attempt back (its release could not reach the
+  ledger: ledger/handbacks.py) expires the same way with no failure counted.
 * ``queued`` batches published more than ``grace_s`` ago whose message is neither
   waiting on their queue nor claimed: lost (Redis flushed or restarted empty, the
   BRPOP-to-unacked hole), or delivered to a consumer that is gone (its ``unacked``
@@ -57,7 +59,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger import transitions
+from ledger import handbacks, transitions
 from ledger.broker import Queued, missing_messages, ready_batch_ids, ready_length
 from ledger.defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
@@ -86,6 +88,8 @@ _BROKER_ERRORS = (KombuError, RedisError, OSError)
 class RequeueReport:
     expired: int = 0
     dead: int = 0
+    #: Of the expired, hand-backs whose release never reached the ledger: no failure counted (ledger/handbacks.py).
+    handed_back: int = 0
     #: New messages for batches that had one: expired leases, lost or stranded messages.
     republished: int = 0
     #: Of them, queued batches whose message was neither on the queue nor claimed.
@@ -165,39 +169,46 @@ def broker_client(app: Celery) -> Iterator:
         yield conn.default_channel.client
 
 
-def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> tuple[int, int]:
-    """Expire lost leases (see ledger/transitions.py): (expired, of them now dead)."""
-    rows = transitions.expire_leases(session, lease_s=lease_s, max_attempts=max_attempts, run=run)
-    return len(rows), sum(1 for r in rows if r.status == "dead")
+def expire_leases(session: Session, client, *, lease_s: float, max_attempts: int,
+                  run: str | None = None) -> tuple[int, int, int]:
+    """Expire lost leases: (expired, of them now dead, of them hand-backs that count no failure: ledger/handbacks.py).
 
-
-def _top_up_queue(session: Session, app: Celery, client, queue: str, *, window: int, run_id: int | None) -> int:
-    """Publish planned batches of ``queue`` (of ``run_id`` only, if given) until it holds ``window`` messages."""
-    room = window - ready_length(client, queue)
-    if room <= 0:
-        return 0
-    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": run_id}).all()
-    if not rows:
-        return 0
-    with session.begin_nested():  # a failed publish leaves them planned
-        moved = transitions.mark_published(session, [r.id for r in rows])
-        rows = [r for r in rows if r.id in moved]
-        publish_messages(app, _messages(rows), queue=queue)
-    return len(rows)
+    ``client``: the broker's redis-py client, where the hand-back records are.
+    """
+    rows = handbacks.expire_leases(session, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
+    return len(rows), sum(1 for r in rows if r.status == "dead"), sum(1 for r in rows if r.handed_back)
 
 
 def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id: int | None = None) -> int:
     """Fill the window of every queue of an active run (or of ``run_id``'s queue, from its batches).
 
     Waits for a reconciler pass in progress (the lock), so no planned batch is published twice.
-    Raises the broker's error: the batches it could not publish stay planned.
+    Commits before it publishes, as a pass does (``reconcile_once``): published inside the
+    transaction, a message could reach a worker whose claim then waited on the rows this
+    transaction had locked, holding one of its few ledger connections (issue 36). Raises the
+    broker's error; the batches it marked and could not publish (or all of them, should the
+    process die between the commit and the publish) are ``queued`` with no message waiting,
+    and the next reconciler pass after their grace period publishes them as lost.
     """
-    total = 0
+    marked = mark_top_ups(sessions, app, window=window, run_id=run_id)
+    for queue, rows in marked.items():
+        _publish(app, rows, queue=queue)
+    return sum(len(rows) for rows in marked.values())
+
+
+def mark_top_ups(sessions: sessionmaker[Session], app: Celery, *, window: int,
+                 run_id: int | None = None) -> dict[str, list]:
+    """``top_up``'s transaction: the planned batches that fill each window, ``queued`` and committed, by queue.
+
+    Nothing is published here: the caller publishes the rows once this has returned.
+    """
+    marked: dict[str, list] = {}
     with sessions.begin() as s, broker_client(app) as client:
         s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": RECONCILER_LOCK})
         for (queue,) in s.execute(_ACTIVE_QUEUES, {"run": run_id}).all():
-            total += _top_up_queue(s, app, client, queue, window=window, run_id=run_id)
-    return total
+            if rows := _mark_top_up(s, client, queue, window=window, run_id=run_id):
+                marked[queue] = rows
+    return marked
 
 
 def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
@@ -233,8 +244,10 @@ def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
     return lost
 
 
-def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: int = 0) -> list:
-    """Planned batches of ``queue`` that fill its window, moved to ``queued``: their rows, for the caller to publish.
+def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: int = 0,
+                 run_id: int | None = None) -> list:
+    """Planned batches of ``queue`` (of ``run_id`` only, if given) that fill its window, moved to ``queued``:
+    their rows, for the caller to publish once the transaction has committed.
 
     ``pending``: messages of ``queue`` this pass will publish before these (expired leases, lost
     messages), not on the queue yet: they take their room in the window too.
@@ -242,7 +255,7 @@ def _mark_top_up(session: Session, client, queue: str, *, window: int, pending: 
     room = window - ready_length(client, queue) - pending
     if room <= 0:
         return []
-    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": None}).all()
+    rows = session.execute(_PLANNED, {"queue": queue, "n": room, "run": run_id}).all()
     if not rows:
         return []
     moved = transitions.mark_published(session, [r.id for r in rows])
@@ -277,16 +290,18 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
     with sessions.begin() as s:
         if not _take_pass(s, min_interval_s=min_interval_s, worker=worker):
             return None
-        expired = transitions.expire_leases(s, lease_s=lease_s, max_attempts=max_attempts)
-        report.expired = len(expired)
-        report.dead = sum(1 for r in expired if r.status == "dead")
-        requeued = [r.id for r in expired if r.status == "queued"]
         queues = [q for (q,) in s.execute(_ACTIVE_QUEUES, {"run": None}).all()]
-        if requeued:
-            # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
-            front += s.execute(_BY_ID, {"ids": requeued}).all()
         try:
             with broker_client(app) as client:
+                # The hand-back records are read from the broker first: a pass that cannot read them
+                # expires nothing (the broker error below) rather than count a hand-back's failure.
+                expired = handbacks.expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts)
+                report.expired = len(expired)
+                report.dead = sum(1 for r in expired if r.status == "dead")
+                report.handed_back = sum(1 for r in expired if r.handed_back)
+                if requeued := [r.id for r in expired if r.status == "queued"]:
+                    # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
+                    front += s.execute(_BY_ID, {"ids": requeued}).all()
                 for queue in queues:
                     lost = _mark_lost(s, client, queue, grace_s=grace_s)
                     report.lost += len(lost)
@@ -307,9 +322,9 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
         log.warning("reconciler: publishing the pass's messages failed (%s: %s); their batches are queued and "
                     "are published again once their grace period (%.0f s) has passed", type(e).__name__, e, grace_s)
     if report.expired or report.republished:
-        log.warning("reconciler: %d leases expired (%d now dead), %d batches republished (%d with a lost message), "
-                    "%d planned batches published", report.expired, report.dead, report.republished, report.lost,
-                    report.topped_up)
+        log.warning("reconciler: %d leases expired (%d now dead, %d hand-backs with no failure counted), %d batches "
+                    "republished (%d with a lost message), %d planned batches published", report.expired,
+                    report.dead, report.handed_back, report.republished, report.lost, report.topped_up)
     elif report.topped_up:
         log.info("reconciler: %d planned batches published to fill the window", report.topped_up)
     return report
@@ -325,8 +340,9 @@ def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, le
     stay planned: the workers' reconciler publishes them as the queue drains.
     """
     report = RequeueReport()
-    with sessions.begin() as s:
-        report.expired, report.dead = expire_leases(s, lease_s=lease_s, max_attempts=max_attempts, run=run)
+    with sessions.begin() as s, broker_client(app) as client:
+        report.expired, report.dead, report.handed_back = expire_leases(s, client, lease_s=lease_s,
+                                                                        max_attempts=max_attempts, run=run)
     runs: set[str] = set()
     waiting: dict[str, set[int] | None] = {}
     after = 0

@@ -240,23 +240,54 @@ def mark_done(session: Session, batch_id: int, attempt: int, *, output_key: str,
                                    "pt": prompt_tokens, "ct": completion_tokens, "fake": fake}).first() is not None
 
 
-_EXPIRE = _transition("batches", (_R,), (_Q, _X), """
-UPDATE batches b SET failures = b.failures + 1,
-       status = CASE WHEN b.failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
-       error = 'lease expired: worker ' || coalesce(b.worker, '?') || ' stopped heartbeating',
-       worker = NULL, heartbeat_at = NULL, enqueued_at = now()
-FROM runs r
-WHERE r.id = b.run_id AND b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
+# A read: the leases ``expire_leases`` may expire, so that their hand-back records (ledger/handbacks.py)
+# are looked up before the statement decides which of them count a failure.
+_EXPIRING = text("""
+SELECT b.id, b.attempts, b.worker FROM batches b JOIN runs r ON r.id = b.run_id
+WHERE b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
   -- A lease expires only after the ledger has been up for a whole lease: heartbeats
   -- cannot land while Postgres is down, and a restart must not condemn every batch.
   AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)
-  AND (CAST(:run AS text) IS NULL OR r.name = :run)
-RETURNING b.id, b.status""")
+  AND (CAST(:run AS text) IS NULL OR r.name = :run)""")
 
 
-def expire_leases(session: Session, *, lease_s: float, max_attempts: int, run: str | None = None) -> list:
-    """Running batches without a heartbeat for ``lease_s``: a failed attempt each. Rows of (id, status)."""
-    return session.execute(_EXPIRE, {"lease_s": lease_s, "max": max_attempts, "run": run}).all()
+def expiring_leases(session: Session, *, lease_s: float, run: str | None = None) -> list:
+    """Running batches (of the run named ``run``, if given) without a heartbeat for ``lease_s``: (id, attempts, worker)."""
+    return session.execute(_EXPIRING, {"lease_s": lease_s, "run": run}).all()
+
+
+# Only the leases read by _EXPIRING, each still under the attempt read (a claim that took one over
+# in between is left alone), and still expired. A hand-back the worker recorded (handed_back) is
+# queued with no failure counted: its worker gave the batch up and could not tell the ledger.
+_EXPIRE = _transition("batches", (_R,), (_Q, _X), """
+UPDATE batches b SET failures = b.failures + CASE WHEN c.handed_back THEN 0 ELSE 1 END,
+       status = CASE WHEN NOT c.handed_back AND b.failures + 1 >= :max THEN 'dead' ELSE 'queued' END,
+       error = CASE WHEN c.handed_back
+                    THEN 'lease expired after a hand-back whose release did not reach the ledger: worker '
+                         || coalesce(b.worker, '?') || ' (no failure counted)'
+                    ELSE 'lease expired: worker ' || coalesce(b.worker, '?') || ' stopped heartbeating' END,
+       worker = NULL, heartbeat_at = NULL, enqueued_at = now()
+FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]), CAST(:handed_back AS boolean[]))
+     AS c(id, attempt, handed_back)
+WHERE b.id = c.id AND b.attempts = c.attempt AND b.status = 'running'
+  AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
+  AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)
+RETURNING b.id, b.status, c.handed_back""")
+
+
+def expire_leases(session: Session, leases: Sequence[tuple[int, int, bool]], *, lease_s: float,
+                  max_attempts: int) -> list:
+    """Expire ``leases``, ``(batch id, attempt, handed back)`` each (``expiring_leases``, then ledger/handbacks.py).
+
+    A failed attempt each (``dead`` at ``max_attempts`` failures), except a recorded hand-back:
+    ``queued``, no failure counted. Rows of ``(id, status, handed_back)``; call it through
+    ledger/handbacks.py ``expire_leases``, which reads the records.
+    """
+    if not leases:
+        return []
+    return session.execute(_EXPIRE, {"ids": [x[0] for x in leases], "attempts": [x[1] for x in leases],
+                                     "handed_back": [bool(x[2]) for x in leases], "lease_s": lease_s,
+                                     "max": max_attempts}).all()
 
 
 _REVIVE_DEAD = _transition("batches", (_X,), (_Q,), """

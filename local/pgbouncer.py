@@ -2,7 +2,7 @@
 
 The callers differ in how PgBouncer is configured (an ini written by the farm bench or the
 test fixture, or the compose image's own entrypoint turning ``PGBOUNCER_*`` variables into
-one), not in its life: start the process, wait until ``url`` answers (or the process exits),
+one), not in its life: start the process, wait until ``url`` accepts a Postgres login (or the process exits),
 and at the end terminate it, kill it after 10 s, and remove its folder.
 """
 
@@ -22,8 +22,9 @@ import psycopg
 STOP_WAIT_S = 10.0
 
 
-def answers(url: str) -> bool:
-    """Whether a connection to ``url`` opens now."""
+def pooler_answers(url: str) -> bool:
+    """Whether a Postgres connection to ``url`` opens now (through the pooler): a login, not
+    local/services.py's ``answers(host, port)``, which only opens a TCP connection."""
     try:
         psycopg.connect(url, connect_timeout=2).close()
         return True
@@ -44,7 +45,7 @@ def running_pgbouncer(argv: Sequence[str], url: str, workdir: str | Path, *, env
     process = subprocess.Popen(list(argv), env=env, stdout=stdout, stderr=stderr)
     try:
         deadline = time.monotonic() + timeout_s
-        while not answers(url):
+        while not pooler_answers(url):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"pgbouncer did not start (exit {process.poll()}; workdir {workdir}): {why()}")
             time.sleep(0.1)

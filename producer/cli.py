@@ -232,7 +232,8 @@ def requeue(run_name, lease_s, max_attempts, database_url, redis_url) -> None:
         report = do_requeue(sessions, make_celery(settings), run=run_name, lease_s=lease_s,
                             max_attempts=max_attempts, window=settings.queue_window)
     click.echo(f"{report.republished} batches published, {report.expired} lost leases expired "
-               f"({report.dead} of them now dead), {report.topped_up} planned batches published to fill the queue")
+               f"({report.dead} of them now dead, {report.handed_back} hand-backs with no failure counted), "
+               f"{report.topped_up} planned batches published to fill the queue")
 
 
 @main.command()

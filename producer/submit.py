@@ -15,8 +15,11 @@ again (and nothing is enqueued twice):
 1. upload the group's input object (unreferenced objects may be overwritten later);
 2. one transaction: batches (status ``planned``) + samples + rejected rows;
 3. while the run's queue holds fewer than the window's messages (``REGEN_QUEUE_WINDOW``,
-   10,000), publish the run's planned batches in seq order and mark them ``queued``, in
-   one transaction (ledger/reconcile.py ``top_up``).
+   10,000), mark the run's planned batches ``queued`` in seq order, in one transaction, and
+   publish them once it has committed (ledger/reconcile.py ``top_up``: no claim waits on
+   its row locks). A crash between that commit and the publish leaves them ``queued`` with
+   no message: the workers' reconciler publishes them after their grace period (60 s), as
+   it does any lost message.
 
 Batches beyond the window stay ``planned``: the workers' reconciler publishes them as
 the queue drains, so Redis holds a window of the run, not the run. A run smaller than
@@ -280,7 +283,7 @@ class _Submitter:
 
     def _commit_and_publish(self, planned: list[tuple[int, str, list[dict]]], ranges: list[tuple[int, int, str]],
                             rejects: list[_Reject]) -> None:
-        # 2. one transaction; 3. publish, then mark queued (see the module docstring).
+        # 2. one transaction; 3. mark queued, commit, then publish (see the module docstring).
         with self.report.timed("ledger_write"), self.sessions.begin() as s:
             batch_ids = transitions.insert_batches(s, self.run.id,
                                                    [(seq, key, len(rows)) for seq, key, rows in planned],

@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from ledger.dispatch import make_celery
 from ledger.objects import ObjectStore
-from ledger.reconcile import expire_leases, reconcile_once
+from ledger.reconcile import expire_leases, reconcile_once, top_up
 from producer.run_config import build_run_config
 from producer.submit import submit_run
 from tests.faults.ledger_setup import submit, write_dataset
@@ -86,13 +86,13 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     for t in threads:
         t.start()
     # Another worker's reconciler, on connections of its own: what it would expire, it expires.
-    expired = 0
+    expired, records = 0, redis_lib.Redis.from_url(settings.redis_url)  # the hand-back records: none here
     stall_ends = time.monotonic() + STALL_S
     try:
         while time.monotonic() < stall_ends:
             time.sleep(0.5)
             with sessions.begin() as s:
-                expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+                expired += expire_leases(s, records, lease_s=LEASE_S, max_attempts=3)[0]
         # The premise: the stall held, every commit still waits, and they took the whole task pool.
         stalled, pool_taken = not committed, rt.db.pool.checkedout()
     finally:
@@ -103,7 +103,7 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
     for t in threads:
         t.join(timeout=60)
     with sessions.begin() as s:
-        expired += expire_leases(s, lease_s=LEASE_S, max_attempts=3)[0]
+        expired += expire_leases(s, records, lease_s=LEASE_S, max_attempts=3)[0]
         failures = s.execute(text("SELECT coalesce(sum(failures), 0) FROM batches")).scalar_one()
         running = s.execute(text("SELECT count(*) FROM batches WHERE status = 'running'")).scalar_one()
     rt.begin_shutdown()
@@ -119,9 +119,21 @@ def _batch_of(raw: bytes) -> int:
     return json.loads(raw)["headers"]["regen_batch"]
 
 
-def test_a_reconciler_pass_publishes_nothing_while_it_holds_its_batches_locks(settings, sessions, tmp_path,
-                                                                             s3_bucket):
-    """A message out while the pass that marked its batch is still open sends its claimer to wait on the pass."""
+def _a_pass(sessions, app) -> int:
+    report = reconcile_once(sessions, app, lease_s=60, max_attempts=3, window=3, grace_s=60)
+    assert report is not None, "no pass ran"
+    return report.topped_up
+
+
+def _a_top_up(sessions, app) -> int:
+    # What `regen submit` and `regen requeue` run (run_id None: every active run's queue, as requeue's may).
+    return top_up(sessions, app, window=3)
+
+
+@pytest.mark.parametrize("publisher", [_a_pass, _a_top_up], ids=["reconciler_pass", "top_up"])
+def test_a_publisher_publishes_nothing_while_it_holds_its_batches_locks(publisher, settings, sessions, tmp_path,
+                                                                         s3_bucket):
+    """A message out while the transaction that marked its batch is still open sends its claimer to wait on it."""
     app, client = make_celery(settings), redis_lib.Redis.from_url(settings.redis_url)
     for queue in ("qa", "qb"):  # a pass handles its queues in name order: qa, then qb
         submit_run(sessions, app, ObjectStore(), [str(write_dataset(tmp_path / f"{queue}.jsonl", 5))],
@@ -133,11 +145,10 @@ def test_a_reconciler_pass_publishes_nothing_while_it_holds_its_batches_locks(se
     locker.execute("SELECT b.id FROM batches b JOIN runs r ON r.id = b.run_id WHERE r.queue = 'qb' "
                    "AND b.status = 'planned' ORDER BY b.seq LIMIT 1 FOR UPDATE OF b")
     report: dict = {}
-    pass_ = threading.Thread(target=lambda: report.update(r=reconcile_once(
-        sessions, app, lease_s=60, max_attempts=3, window=3, grace_s=60)), daemon=True)
+    pass_ = threading.Thread(target=lambda: report.update(topped_up=publisher(sessions, app)), daemon=True)
     pass_.start()
     try:
-        wait_for(lambda: _waiting_on_a_lock(sessions), timeout_s=30, what="the pass waiting on qb's locked batch",
+        wait_for(lambda: _waiting_on_a_lock(sessions), timeout_s=30, what="the publisher waiting on qb's locked batch",
                  interval_s=0.05)
         waiting = [_batch_of(raw) for raw in client.lrange("qa", 0, -1)]
         with psycopg.connect(settings.database_url, autocommit=False) as probe:
@@ -150,12 +161,12 @@ def test_a_reconciler_pass_publishes_nothing_while_it_holds_its_batches_locks(se
             # Every message a worker could take now is claimable at once: none of its rows is the pass's.
             for batch_id in waiting:
                 probe.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE NOWAIT", (batch_id,))
-        assert len(waiting) == 1, f"the pass published {len(waiting) - 1} messages before it committed"
+        assert len(waiting) == 1, f"{len(waiting) - 1} messages published before the transaction committed"
     finally:
         locker.rollback()
         locker.close()
         pass_.join(timeout=30)
-    assert report["r"].topped_up == 4 and (client.llen("qa"), client.llen("qb")) == (3, 3)
+    assert report["topped_up"] == 4 and (client.llen("qa"), client.llen("qb")) == (3, 3)
 
 
 def _waiting_on_a_lock(sessions) -> bool:

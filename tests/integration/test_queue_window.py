@@ -13,7 +13,7 @@ import redis as redis_lib
 from sqlalchemy import text
 
 from ledger.dispatch import make_celery
-from ledger.reconcile import reconcile_once, requeue
+from ledger.reconcile import mark_top_ups, reconcile_once, requeue
 from producer.monitoring.status import render_status, run_status
 from tests.faults.ledger_setup import write_dataset
 from worker.batches.ledger_calls import ClaimOutcome, claim_batch
@@ -88,6 +88,23 @@ def test_submit_publishes_a_window_and_the_reconciler_tops_it_up_in_seq_order(se
     assert [s for s, st in _statuses(sessions).items() if st == "planned"] == list(range(6, 11))
     # A full window publishes nothing.
     assert _pass(sessions, settings).topped_up == 0
+
+
+def test_a_top_up_that_dies_between_its_commit_and_its_publish_is_published_by_a_later_pass(
+        settings, sessions, tmp_path, s3_bucket):
+    r = redis_lib.Redis.from_url(settings.redis_url)
+    _submit(settings, sessions, tmp_path, s3_bucket, window=3)
+    # top_up's transaction, committed; its process dies before the publish (nothing of it reaches Redis).
+    marked = mark_top_ups(sessions, make_celery(settings), window=5)
+    assert [[_seq_of(sessions, row.id) for row in rows] for rows in marked.values()] == [[4, 5]]
+    assert _statuses(sessions)[4] == _statuses(sessions)[5] == "queued" and r.llen(QUEUE) == 3
+    # Within their grace period they wait (a publish may be on its way); past it, a pass publishes them.
+    assert _pass(sessions, settings).republished == 0 and r.llen(QUEUE) == 3
+    _age_queued(sessions)
+    report = _pass(sessions, settings)
+    assert (report.lost, report.republished, report.topped_up) == (2, 2, 0)
+    ids = [_batch_id(m) for m in r.lrange(QUEUE, 0, -1)]
+    assert sorted(_seq_of(sessions, b) for b in ids) == [1, 2, 3, 4, 5]
 
 
 def test_a_delivery_held_by_a_dead_consumer_is_republished_at_the_front_once_per_grace(settings, sessions,

@@ -150,21 +150,29 @@ def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, a
 
     Whatever happens here, the caller then requeues the message: a hand-back is never
     acknowledged as if it were done, which left the batch running under a lease nobody
-    renewed, to expire later as a counted failure.
+    renewed, to expire later as a counted failure. A release that gives up is recorded in
+    Redis (``release_later``), so that the lease's expiry, should this process stop first,
+    counts no failure (ledger/handbacks.py). A shutdown's hand-back is recorded before its
+    release is tried: the reaper's SIGKILL may come while the release still waits on the
+    ledger, and the attempt has stopped already, whatever the release's outcome.
     """
     if at_shutdown:
-        sessions, within_s = rt.liveness_sessions, rt.hand_back_left_s()
+        recorded = rt.record_hand_back(batch_id, attempt)
+        sessions, within_s = rt.liveness_sessions, rt.hand_back_left_s()  # what the record's call left
     else:
         sessions, within_s = rt.sessions, rt.options.release_s
+        recorded = False
     try:
         released = within_s > 0 and release_batch(sessions, batch_id, attempt, reason=reason, within_s=within_s)
     except Exception:  # noqa: BLE001 - not released is the outcome; the retry below is the remedy
         log.exception("releasing batch %s attempt %s failed", batch_id, attempt)
         released = False
+    if released and recorded:
+        rt.forget_hand_back(batch_id, attempt)
     if not released:
         log.warning("batch %s attempt %s: its release did not land; the heartbeat keeps its lease and retries it%s",
                     batch_id, attempt, ", then it is left to its lease" if at_shutdown else "")
-        rt.release_later(batch_id, attempt, reason)
+        rt.release_later(batch_id, attempt, reason, record=not recorded)
 
 
 def _record_failure(rt: WorkerRuntime, msg: BatchMessage, attempt: int, error: str) -> str:

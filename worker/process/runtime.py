@@ -14,6 +14,10 @@ import signal
 import threading
 import time
 
+import redis as redis_lib
+from redis.exceptions import RedisError
+
+from ledger import handbacks
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import RegenError
 from ledger.model_path import resolve_model
@@ -37,6 +41,9 @@ LIVENESS_POOL_SIZE = 1
 #: What a worker process holds at most, the figure nodes and the farm's pooler are sized by
 #: (docs/deploy.md, "Connections").
 DB_CONNECTIONS_PER_PROCESS = DB_POOL_SIZE + DB_MAX_OVERFLOW + LIVENESS_POOL_SIZE
+#: Connect and reply timeout of a hand-back record's Redis call (ledger/handbacks.py): a shutdown's
+#: hand-back records before it releases, all within ``HAND_BACK_S``.
+RECORD_TIMEOUT_S = 1.0
 
 
 class WrongModel(RegenError):
@@ -79,6 +86,7 @@ class WorkerRuntime:
         #: Batches this process handed back, and when (monotonic): not taken again within a probe period.
         self._handed_back: dict[int, float] = {}
         self._shutdown_at: float | None = None
+        self._records_client: redis_lib.Redis | None = None
         self._hb_thread: threading.Thread | None = None
         self._engine_death_seen = False
         #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
@@ -163,10 +171,43 @@ class WorkerRuntime:
             at = self._handed_back.get(batch_id)
         return 0.0 if at is None else max(0.0, at + self.options.heartbeat_s - time.monotonic())
 
-    def release_later(self, batch_id: int, attempt: int, reason: str) -> None:
-        """A hand-back whose release gave up: the heartbeat keeps its lease and retries the release each beat."""
+    def release_later(self, batch_id: int, attempt: int, reason: str, *, record: bool = True) -> None:
+        """A hand-back whose release gave up: the heartbeat keeps its lease and retries the release each beat.
+
+        Recorded in Redis as well (ledger/handbacks.py; ``record`` False: the caller has), so that
+        should the process stop before a retry lands, the lease's expiry counts no failure.
+        """
         with self._held_lock:
             self._unreleased[batch_id] = (attempt, reason)
+        if record:
+            self.record_hand_back(batch_id, attempt)
+
+    def record_hand_back(self, batch_id: int, attempt: int) -> bool:
+        """Tell the reconciler, through Redis, that this attempt was handed back (ledger/handbacks.py). False: not told."""
+        return self._record_hand_backs({batch_id: attempt})
+
+    def _record_hand_backs(self, attempts: dict[int, int]) -> bool:
+        try:
+            handbacks.record_hand_backs(self._records(), attempts, worker=self.options.name)
+            return True
+        except (RedisError, OSError) as e:
+            log.warning("batches %s: their hand-back could not be recorded in Redis either (%s: %s); if a release "
+                        "does not land, its lease's expiry counts a failure", sorted(attempts), type(e).__name__, e)
+            return False
+
+    def forget_hand_back(self, batch_id: int, attempt: int) -> None:
+        """The release landed: its record is not needed (a record left behind matches nothing, and expires)."""
+        try:
+            handbacks.forget_hand_back(self._records(), batch_id, attempt)
+        except (RedisError, OSError) as e:
+            log.debug("forgetting the hand-back record of batch %s failed: %s", batch_id, e)
+
+    def _records(self):
+        """The Redis client of the hand-back records: short timeouts, as a shutdown's hand-back is timed."""
+        if self._records_client is None:
+            self._records_client = redis_lib.Redis.from_url(self.settings.redis_url, socket_timeout=RECORD_TIMEOUT_S,
+                                                            socket_connect_timeout=RECORD_TIMEOUT_S)
+        return self._records_client
 
     def unreleased(self) -> dict[int, int]:
         with self._held_lock:
@@ -186,6 +227,7 @@ class WorkerRuntime:
             log.info("batch %s attempt %s released at last (%s)", batch_id, attempt, reason)
             with self._held_lock:
                 self._unreleased.pop(batch_id, None)
+            self.forget_hand_back(batch_id, attempt)
 
     def held_count(self) -> int:
         with self._held_lock:
@@ -219,8 +261,6 @@ class WorkerRuntime:
 
     def sharing(self, floor_fallback: int):
         """What worker/batches/holding.py needs to bound this process's holding by its queues' backlog."""
-        import redis as redis_lib
-
         from worker.batches.backlog import HolderRegistry, make_probe
         from worker.batches.holding import Sharing, stale_after_s
         from worker.batches.ledger_calls import run_backlog
@@ -307,10 +347,15 @@ class WorkerRuntime:
         if self._unreleased:
             # A last try for the hand-backs that gave up; what is still left goes to its lease.
             self._retry_releases(within_s=max(0.5, self.hand_back_left_s()))
-            if self._unreleased:
-                log.warning("batches %s could not be handed back; their leases expire in %.0f s",
-                            sorted(self._unreleased), self.options.lease_s)
+            if left := self.unreleased():
+                # Recorded again (one round trip), the TTL from now: excused however long the outage has lasted.
+                recorded = self._record_hand_backs(left)
+                log.warning("batches %s could not be handed back; their leases expire in %.0f s, %s", sorted(left),
+                            self.options.lease_s, "with no failure counted (recorded in Redis)" if recorded
+                            else "each a failure counted unless recorded earlier")
         if self._engine is not None:
             self._engine.shutdown()
         self.db.dispose()
         self.liveness_db.dispose()
+        if self._records_client is not None:
+            self._records_client.close()
