@@ -47,9 +47,27 @@ def run_cli(args: list[str], env: dict[str, str], *, check: bool = True, timeout
     return proc
 
 
-def status_json(env: dict[str, str], run: str) -> dict:
-    out = run_cli(["status", "--run", run, "--json"], env).stdout
-    return json.loads(out)["runs"][0]
+def status_json(env: dict[str, str], run: str, *, via_cli: bool = False) -> dict:
+    """``regen status --run RUN --json``'s run, read in this process unless ``via_cli``.
+
+    In-process by default: tests poll it every second or two while workers run, and each
+    ``regen status`` process costs ~1 s of CPU (the interpreter, psycopg, the CLI), half a core
+    of the two that the engines need. The same functions the command calls, and the same JSON
+    round trip, so the dict is what the command prints; tests that assert the command itself
+    pass ``via_cli=True`` (or call run_cli).
+    """
+    if via_cli:
+        out = run_cli(["status", "--run", run, "--json"], env).stdout
+        return json.loads(out)["runs"][0]
+    from ledger.reads import connect
+    from ledger.settings import Settings
+    from producer.monitoring.status import run_status
+
+    settings = Settings(database_url=env["DATABASE_URL"], redis_url=env["REDIS_URL"])
+    with connect(settings) as conn:
+        runs = run_status(conn, run, broker_url=settings.redis_url)
+    assert runs, f"regen status: no run {run!r}"
+    return json.loads(json.dumps(runs[0], default=str))
 
 
 def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 1.0,
