@@ -310,9 +310,12 @@ def test_magistral_always_thinks_in_think_tokens_read_by_mistral(magistral):
     split, calls = _parse(magistral, on_ids, "[THINK]The user wants Paris.[/THINK]It is sunny.", thinking=True,
                           end="</s>", tools=WEATHER)
     assert (split.reasoning_content, split.content, calls.tool_calls) == ("The user wants Paris.", "It is sunny.", [])
-    # A turn the model did not open with [THINK] is all answer, as vLLM's parser reads it.
+    # A turn the model did not open with [THINK] is all answer, as vLLM's parser reads it; one cut off inside
+    # its thought is all thought, reasoning cut short.
     split, _ = _parse(magistral, on_ids, "It is sunny.", thinking=True, end="</s>")
-    assert (split.reasoning_content or None, split.content) == (None, "It is sunny.")
+    assert (split.reasoning_content, split.content) == (None, "It is sunny.")
+    split, _ = _parse(magistral, on_ids, "[THINK]Paris is", thinking=True, end=None, finish="length")
+    assert (split.reasoning_content, split.content, split.truncated_in_reasoning) == ("Paris is", "", True)
     split, calls = _parse(magistral, on_ids, '[THINK]Paris, then.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
                           thinking=True, end="</s>", tools=WEATHER)
     assert split.reasoning_content == "Paris, then."
