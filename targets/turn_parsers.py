@@ -60,6 +60,8 @@ _MODEL_OPENS_THOUGHT = {"mistral"}
 #: Where a call starts, per tool parser whose class does not say it (``tool_call_start_token``).
 _CALL_MARKERS = {"llama3_json": ("<|python_tag|>", "{"), "llama4_json": ("<|python_tag|>", "{"),
                  "mistral": ("[TOOL_CALLS]",), "kimi_k2": ("<|tool_calls_section_begin|>",),
+                 # GLM's parser classes name no start token: without these a call they cannot read was an answer.
+                 "glm45": ("<tool_call>",), "glm47": ("<tool_call>",),
                  "pythonic": ("[",), "llama4_pythonic": ("[",)}
 
 
