@@ -15,8 +15,10 @@ So a gpt-oss run (targets/template_probe.py finds the family; the run records
   and renders them as ``vllm serve`` does (analysis before the last final answer dropped,
   the tool-call headers in the form gpt-oss was trained on).
 * **Generations** are read by Harmony's ``StreamableParser`` on the engine's ids:
-  ``analysis`` is the thought, ``final`` (and ``commentary`` to no one) the answer, a
-  ``commentary`` message to ``functions.NAME`` a call. A thought cut off by max_tokens is
+  ``analysis`` is the thought, ``final`` (and ``commentary`` to no one) the answer, each
+  ``commentary`` message to ``functions.NAME`` a call (every one of them, in order).
+  An action ends at ``<|call|>``, so a turn of parallel calls is made one action at a time,
+  each after the results of the calls before it, as a chat client drives ``vllm serve``. A thought cut off by max_tokens is
   all thought; a call cut off, or ids Harmony cannot parse, are recorded errors with the
   raw text, never dropped.
 * **The thinking switch** is the reasoning effort (low, medium, high): Harmony always
@@ -220,6 +222,13 @@ def _recipient(recipient: str | None) -> str | None:
 
 class HarmonyTurnParser:
     """One gpt-oss turn read by Harmony's parser on its token ids (the TurnParser of targets/turn_parsers.py)."""
+
+    #: Harmony ends an action at ``<|call|>`` and vLLM stops there (a stop id of the encoding), so gpt-oss makes a
+    #: turn's several calls one action at a time, each after the results of those before it: the dialogue
+    #: (worker/conversation/dialogue.py) splices each action's results and generates again until the source
+    #: turn's calls are all made. Ids holding several commentary calls (an engine run without that stop) are
+    #: read into all of them, in order.
+    one_call_per_action = True
 
     def __init__(self, *, reasoning: str | None = HARMONY_PARSERS[0], tool: str | None = HARMONY_PARSERS[1]):
         from importlib.metadata import PackageNotFoundError, version

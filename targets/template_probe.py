@@ -28,6 +28,8 @@ from typing import Any
 #: The thinking arguments templates read, in the order they are tried.
 THINKING_ARGS = ("enable_thinking", "thinking")
 THINK_START, THINK_END = "<think>", "</think>"
+#: Mistral's thought markers (Magistral 2507+: special tokens of tokenizer v13, read by vLLM's ``mistral`` parser).
+MISTRAL_THINK_START, MISTRAL_THINK_END = "[THINK]", "[/THINK]"
 #: gpt-oss: its family name, vLLM's parser names for it, and its thinking switch. vLLM serves it
 #: through Harmony, not its Jinja template (targets/harmony.py); the template only identifies it.
 HARMONY_FAMILY = "gpt_oss"
@@ -181,13 +183,16 @@ def probe_template(template: str) -> TemplateFormat | None:
         return _harmony_format(template, user, call_arguments)
     arg = next((a for a in THINKING_ARGS if switched[a][0] != switched[a][1]), None)
     prompts = [plain, *(p for a in THINKING_ARGS for p in switched[a])]
-    thought_rendered = f"{THINK_START}{_THOUGHT}" in rendered_call.replace("\n", "")
+    flat = rendered_call.replace("\n", "")
+    # Magistral writes a turn's thought as [THINK]...[/THINK] (its prompt leaves the thought to the model).
+    thought_rendered = f"{THINK_START}{_THOUGHT}" in flat or (
+        family == "mistral" and f"{MISTRAL_THINK_START}{_THOUGHT}{MISTRAL_THINK_END}" in flat)
     thinks = thought_rendered or any(prompt_thought(p) for p in prompts)
     if arg is not None and thinks:
         thinking = "switch"
     elif thinks and (prompt_thought(plain) == "opened" or thought_rendered):
         # The prompt opens the thought (R1), or the model opens it itself after a prompt that
-        # leaves it free, as the template renders its turns (Kimi-K2-Thinking): nothing turns it off.
+        # leaves it free, as the template renders its turns (Kimi-K2-Thinking, Magistral): nothing turns it off.
         thinking, arg = "always", None
     else:
         thinking, arg = "never", None

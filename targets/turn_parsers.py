@@ -53,9 +53,15 @@ _QWEN_END_OF_TURN = ("<|endoftext|>", "<|im_end|>")
 #: The names regen's own Qwen parser implements (JSON and XML call bodies both).
 _REGEN_REASONING = {None, "qwen3"}
 _REGEN_TOOL = {None, "hermes", "qwen3_coder", "qwen3_xml", "qwen3_json"}
+#: Reasoning parsers that start in the answer: a thought is only what the model opens with the start marker
+#: (vLLM's ``mistral``: Magistral writes ``[THINK]`` itself, as its system prompt asks). A turn that does not
+#: open with it is all answer, where regen's rule for a prompt that opened the thought would make it all thought.
+_MODEL_OPENS_THOUGHT = {"mistral"}
 #: Where a call starts, per tool parser whose class does not say it (``tool_call_start_token``).
 _CALL_MARKERS = {"llama3_json": ("<|python_tag|>", "{"), "llama4_json": ("<|python_tag|>", "{"),
                  "mistral": ("[TOOL_CALLS]",), "kimi_k2": ("<|tool_calls_section_begin|>",),
+                 # GLM's parser classes name no start token: without these a call they cannot read was an answer.
+                 "glm45": ("<tool_call>",), "glm47": ("<tool_call>",),
                  "pythonic": ("[",), "llama4_pythonic": ("[",)}
 
 
@@ -192,7 +198,8 @@ class VllmTurnParser:
 
     def _split(self, text: str, request: Any, *, thinking: bool, finish_reason: str) -> ReasoningSplit:
         start, end = self._markers.think_start, self._markers.think_end
-        if self._reasoning is None or not thinking:
+        opens_itself = self.description["reasoning"] in _MODEL_OPENS_THOUGHT and start is not None
+        if self._reasoning is None or not thinking or (opens_itself and not text.lstrip().startswith(start)):
             content = text.strip(_TEMPLATE_WS)
             return ReasoningSplit(None, content, False, not _has(content, start, end))
         if end and end not in text:

@@ -13,11 +13,13 @@ export loads in SpecForge's and speculators' loaders. Qwen3's suite is test_fide
 The same suite runs on real targets' published templates (tests/data/templates) swapped
 into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking mix`` run,
 switched by its ``thinking`` argument), GLM-4.5's (mix too), Llama 3.1's, Kimi-K2-Thinking's and
-Mistral Small 3.1's (its system prompt carries today's date: prompts are compared on the day they are made). R1's published
-template renders no tool list, the tiny DeepSeek model writes R1's call format, not V3.1's, and
-the tiny Llama and Mistral models write no valid call under Llama 3.1's and Mistral Small 3.1's (trained on
-regen's own), so those four templates' calls are tested on completions in their real format instead
-(test_published_templates.py); here their parsers, thinking switch and rendering are.
+Mistral Small 3.1's (its system prompt carries today's date: prompts are compared on the day they are made).
+Nothing is skipped. Where the tiny model (trained on regen's own template) makes no call the published
+template's parser reads, what is true of that template is asserted instead: R1's and V3.1's render no
+tool list (they never read ``tools``: the prompt is the tool-less one, no call is made or spliced, and each
+tool row says it diverged); under Llama 3.1's and Mistral Small 3.1's the calls the model writes are
+refused, each with its row's reason, counted, and none filed as an answer. Those templates' calls in their real format are
+read in test_published_templates.py.
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ class Case:
     thinking: str | None = None        # --thinking; None: the template's default
     #: (reasoning, tool) parsers submit must choose; None: the family's own (worker/tiny/families.py).
     parsers: tuple[str | None, str | None] | None = None
-    #: Why the tiny model (trained on regen's own template) makes no calls this template's parser reads;
-    #: None: it does. Such a template's calls are read on completions in its real format instead.
-    no_calls_because: str | None = None
+    #: What becomes of the tool conversations' calls: "spliced" (read, and the source's results follow them),
+    #: "refused" (the tiny model, trained on regen's own template, writes none this template's parser reads:
+    #: each is a recorded tool_call_invalid of its row) or "no_tool_list" (the template renders no tools).
+    calls: str = "spliced"
+    #: Why a case's calls are not "spliced" (what the tiny model does under this template).
+    why: str | None = None
 
     @property
     def id(self) -> str:
@@ -62,26 +67,29 @@ class Case:
 #: A family's cases next to each other: they share its engine (FamilyEngines), one engine up at a time.
 CASES = (
     Case("llama3"),
-    Case("llama3", "llama31.jinja", parsers=(None, "llama3_json"),
-         no_calls_because="the tiny model was trained on regen's own Llama template; under the published one "
-                          "(tools in the first user turn) it wrote no valid call (2026-12-01: 0 calls, "
-                          "5 tool_call_invalid of 14 tool conversations)"),
+    Case("llama3", "llama31.jinja", parsers=(None, "llama3_json"), calls="refused",
+         why="under the published template (tools in the first user turn) the tiny model writes broken JSON "
+             "calls (2026-12-02: 14 tool_call_invalid of 14 tool conversations)"),
     Case("deepseek_r1"),
-    Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3"),
-         no_calls_because="R1's published template renders no tool list, so the tiny model is offered none"),
+    Case("deepseek_r1", "deepseek_r1.jinja", parsers=("deepseek_r1", "deepseek_v3"), calls="no_tool_list",
+         why="R1's published template renders no tool list, so the tiny model is offered none"),
     Case("deepseek_r1", "deepseek_v31.jinja", thinking="mix", parsers=("deepseek_v3", "deepseek_v31"),
-         no_calls_because="the tiny model writes R1's call format, not V3.1's"),
+         calls="no_tool_list", why="V3.1's published template renders no tool list either (the template never "
+                                   "reads `tools`), so the tiny model is offered none"),
     Case("glm45"),
     Case("glm45", "glm45.jinja", thinking="mix"),
     Case("kimi_k2"),
     Case("kimi_k2", "kimi_k2_thinking.jinja"),
     Case("mistral"),
-    Case("mistral", "mistral_small31.jinja",
-         no_calls_because="the tiny model was trained on regen's own Mistral template; under Mistral Small 3.1's "
-                          "(its long tool-calling system prompt, tools written key by key) it wrote calls but none "
-                          "that led to a splice (2026-12-02: 0 spliced, 10 tool_call_invalid and 4 "
-                          "tool_calls_diverged of 14 tool conversations)"),
+    Case("mistral", "mistral_small31.jinja", calls="refused",
+         why="under Mistral Small 3.1's template (its long tool-calling system prompt, tools written key by key) "
+             "the tiny model's calls lead to no splice (2026-12-02: 10 tool_call_invalid and 4 tool_calls_diverged "
+             "of 14 tool conversations)"),
 )
+#: Where a family's calls start in the text its parser reads (the answer): text holding one is a call, never an
+#: answer. Llama's JSON calls are recognised by their start.
+CALL_MARKERS = {"llama3": ("<|python_tag|>",), "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"),
+                "glm45": ("<tool_call>",), "kimi_k2": ("<|tool_calls_section_begin|>",), "mistral": ("[TOOL_CALLS]",)}
 
 
 def _conversations(limit_per_file: int = 12) -> list[dict]:
@@ -277,9 +285,9 @@ def test_thoughts_are_split_off_where_the_family_thinks(family):
 
 
 def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
-    case, _, _, rows = family
-    if case.no_calls_because:
-        pytest.skip(f"{case.no_calls_because}; its calls are read in test_published_templates.py")
+    """Calls read are structured and followed by the source's results; a call the parser cannot read is the row's
+    recorded refusal, never an answer; and where the template offers no tools, the prompt holds none."""
+    case, _, config, rows = family
     calls = spliced = 0
     for row in rows:
         if not row["tools"]:
@@ -299,9 +307,78 @@ def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
                 names = [c["function"]["name"] for c in message["tool_calls"]]
                 assert [r.get("name", n) for r, n in zip(results, names, strict=True)] == names
                 spliced += 1
+    refused = _assert_no_call_is_filed_as_an_answer(case, config, rows)
+    _assert_each_stop_names_its_calls(rows)
     stops = Counter((row["stop_reason"] or "complete").split(":")[0] for row in rows if row["tools"])
-    assert calls >= 3, (calls, stops)
-    assert spliced >= 1, (spliced, stops)
+    if case.calls == "spliced":
+        assert calls >= 3, (calls, stops)
+        assert spliced >= 1, (spliced, stops)
+    elif case.calls == "refused":
+        # Counted: every refusal is one row's stop, with the raw call kept (case.why says what the model does).
+        assert refused >= 1 and stops["tool_call_invalid"] == refused, (refused, stops, case.why)
+    else:
+        assert case.calls == "no_tool_list", case.calls
+        _assert_the_prompts_offer_no_tools(family)
+        # Offered none, the model calls none: each tool conversation stops where the source called, saying so.
+        assert (calls, spliced) == (0, 0), (calls, spliced, stops)
+        for row in rows:
+            source_calls = [c["function"]["name"] for m in row["input_messages"] for c in m.get("tool_calls") or []]
+            if source_calls:
+                assert row["stop_reason"].startswith("tool_calls_diverged: expected ["), row["stop_reason"]
+                assert row["stop_reason"].endswith(" got []"), row["stop_reason"]
+
+
+def _assert_no_call_is_filed_as_an_answer(case, config, rows) -> int:
+    """An answer holding the family's call marker is a refused call: the event records the parser's error with the
+    raw text, the turn carries no calls, and the row stops there with that error as its reason (or as truncated,
+    when max_tokens cut the call). Returns how many stopped as tool_call_invalid."""
+    markers = CALL_MARKERS[case.family]
+    refused = 0
+    for row in rows:
+        for n, (message, event) in enumerate(_assistant_turns(row)):
+            content = (message.get("content") or "").lstrip()
+            looks_like_a_call = any(m in content for m in markers) or (
+                case.family == "llama3" and content.startswith('{"name"'))
+            if not event["tool_call_errors"]:
+                assert not looks_like_a_call, (row["sample_id"], event["turn"], content[:120])
+                continue
+            error = event["tool_call_errors"][0]
+            assert event["is_tool_call"] and not message.get("tool_calls") and error["raw"], event
+            assert n == len(row["events"]) - 1, (row["sample_id"], "a refused call ends its conversation")
+            assert row["parser"]["tool"] == config.parsers.tool
+            if event["finish_reason"] == "length":   # cut off inside its call: the row says so first
+                assert row["stop_reason"] == "truncated", row["stop_reason"]
+                continue
+            assert row["stop_reason"] == f"tool_call_invalid: {error['error']}", row["stop_reason"]
+            refused += 1
+    return refused
+
+
+def _assert_each_stop_names_its_calls(rows) -> None:
+    """A conversation stopped for calls the source did not make names the model's calls, as its last turn has them."""
+    for row in rows:
+        if (row["stop_reason"] or "").startswith("tool_calls_diverged:"):
+            last = [m for m in row["messages"] if m["role"] == "assistant"][-1]
+            got = [c["function"]["name"] for c in last.get("tool_calls") or []]
+            assert row["stop_reason"].endswith(f" got [{','.join(got)}]"), (row["stop_reason"], got)
+
+
+def _assert_the_prompts_offer_no_tools(family) -> None:
+    """Every prompt of a tool conversation is the template's rendering of its context without the tools."""
+    tokenizer = family_tokenizer(family)
+    arg = family[2].thinking_arg   # the run's thinking argument ("none" where nothing switches it)
+    checked = 0
+    for row in family[3]:
+        if not row["tools"]:
+            continue
+        switch = {} if arg in (None, "none") else {arg: row["thinking"]}
+        for event in row["events"]:
+            without = tokenizer.apply_chat_template(row["messages"][:event["message_index"]], tools=None,
+                                                    add_generation_prompt=True, tokenize=True, return_dict=False,
+                                                    **switch)
+            assert event["prompt_token_ids"] == list(without), (row["sample_id"], event["turn"])
+            checked += 1
+    assert checked >= 1
 
 
 def test_the_tokens_export_loads_in_specforge_and_speculators(family, sessions, store_for_family, s3_bucket,

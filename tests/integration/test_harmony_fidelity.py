@@ -18,11 +18,10 @@ from collections import Counter
 import pytest
 
 from tests.integration.test_family_fidelity import _conversations
+from tests.support.harmony import DATE, reference_head
 from tests.support.helpers import cli_env, run_cli
 
 pytestmark = pytest.mark.engine
-
-DATE = "2026-08-05"
 
 
 @pytest.fixture(scope="module")
@@ -105,29 +104,10 @@ def _reference_messages(context: list[dict]) -> tuple[str | None, list]:
 
 
 def _reference_prompt(context: list[dict], tools: list[dict] | None, effort: str) -> list[int]:
-    from openai_harmony import (
-        DeveloperContent,
-        Message,
-        ReasoningEffort,
-        Role,
-        SystemContent,
-        ToolDescription,
-    )
-
     from targets.vllm_compat import harmony_utils
 
     instructions, messages = _reference_messages(context)
-    system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort.capitalize()))
-    head = [Message.from_role_and_content(Role.SYSTEM, system.with_conversation_start_date(DATE))]
-    if instructions or tools:
-        developer = DeveloperContent.new()
-        if instructions:
-            developer = developer.with_instructions(instructions)
-        if tools:
-            developer = developer.with_function_tools([ToolDescription.new(
-                t["function"]["name"], t["function"].get("description") or "",
-                parameters=t["function"].get("parameters")) for t in tools])
-        head.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+    head = reference_head(effort=effort, instructions=instructions, tools=tools, date=DATE)
     # vLLM's renderer: Harmony's, with the analysis before the last final dropped and its tool-call headers.
     return list(harmony_utils().render_for_completion(head + messages))
 

@@ -279,3 +279,54 @@ def test_mistral_small_never_thinks_and_its_json_calls_are_read_by_mistral_with_
     history[2]["tool_call_id"] = "abcDEF123"
     _, text = _prompt(mistral31, thinking=False, messages=history, tools=WEATHER)
     assert '"id": "abcDEF123"}]</s>[TOOL_RESULTS] {"content": {"temp": 12}, "call_id": "abcDEF123"}[/TOOL_RESULTS]' in text
+
+
+@pytest.fixture(scope="module")
+def magistral(tiny_family_model):
+    """Magistral Small 1.2's template on the tiny Mistral tokenizer, with the tokens tokenizer v13 adds:
+    ``[THINK]``/``[/THINK]`` (a thought) and ``[ARGS]``/``[CALL_ID]`` (v11+ calls), special as in Tekken v13."""
+    from transformers import AutoTokenizer
+
+    from worker.conversation.rendering import Renderer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_family_model("mistral"))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]", "[ARGS]", "[CALL_ID]"]})
+    tokenizer.chat_template = (PUBLISHED / "magistral_small2509.jinja").read_text()
+    return Renderer(tokenizer, 4096)
+
+
+def test_magistral_always_thinks_in_think_tokens_read_by_mistral(magistral):
+    """Magistral thinks as its system prompt asks ([THINK]...[/THINK], no template argument): a plain run chooses
+    vLLM's ``mistral`` parsers, the prompt leaves the thought to the model, and a turn is split at [/THINK]."""
+    parser = magistral.parser_for(SAMPLING)
+    assert (parser.description["reasoning"], parser.description["tool"]) == ("mistral", "mistral")
+    assert magistral.thinking_arg_for(SAMPLING) is None
+    on_ids, on = _prompt(magistral, thinking=True, tools=WEATHER)
+    off_ids, _ = _prompt(magistral, thinking=False, tools=WEATHER)
+    assert on_ids == off_ids   # nothing switches it: a run accepts only "on" (tests/unit/test_thinking_switch.py)
+    # With no system message of the row's, the template's default one states the protocol (Magistral's card).
+    assert on.startswith("<s>[SYSTEM_PROMPT]First draft your thinking process (inner monologue)")
+    assert "must follow the template below:[THINK]Your thoughts" in on and on.endswith("[/INST]")
+    split, calls = _parse(magistral, on_ids, "[THINK]The user wants Paris.[/THINK]It is sunny.", thinking=True,
+                          end="</s>", tools=WEATHER)
+    assert (split.reasoning_content, split.content, calls.tool_calls) == ("The user wants Paris.", "It is sunny.", [])
+    # A turn the model did not open with [THINK] is all answer, as vLLM's parser reads it; one cut off inside
+    # its thought is all thought, reasoning cut short.
+    split, _ = _parse(magistral, on_ids, "It is sunny.", thinking=True, end="</s>")
+    assert (split.reasoning_content, split.content) == (None, "It is sunny.")
+    split, _ = _parse(magistral, on_ids, "[THINK]Paris is", thinking=True, end=None, finish="length")
+    assert (split.reasoning_content, split.content, split.truncated_in_reasoning) == ("Paris is", "", True)
+    split, calls = _parse(magistral, on_ids, '[THINK]Paris, then.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+                          thinking=True, end="</s>", tools=WEATHER)
+    assert split.reasoning_content == "Paris, then."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"})] and not calls.errors
+    # The next prompt keeps the step's thought in [THINK] and the call in v13's form, its id checked.
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "reasoning_content": "Paris, then.", "tool_calls": [
+                   {"id": "abcDEF123", "type": "function", "function": {"name": "get_weather",
+                                                                        "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "tool_call_id": "abcDEF123", "content": '{"temp": 12}'}]
+    _, text = _prompt(magistral, thinking=True, messages=history, tools=WEATHER)
+    assert '[THINK]Paris, then.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>' in text
+    assert text.endswith('[TOOL_RESULTS]{"temp": 12}[/TOOL_RESULTS]')

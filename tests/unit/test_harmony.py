@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ledger.errors import ConfigError
+from tests.support.harmony import DATE, reference_head
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 GPT_OSS = TEMPLATES / "gpt_oss.jinja"
-DATE = "2026-08-05"
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -105,33 +105,13 @@ def test_a_gpt_oss_config_is_rendered_with_harmony_whatever_its_template(tmp_pat
 
 def _harmony_reference(messages: list, *, effort: str = "medium", instructions: str | None = None,
                        tools: list | None = None) -> list[int]:
-    """openai_harmony's own rendering, built here message by message (no vLLM, no regen)."""
-    from openai_harmony import (
-        Conversation,
-        DeveloperContent,
-        HarmonyEncodingName,
-        Message,
-        ReasoningEffort,
-        Role,
-        SystemContent,
-        ToolDescription,
-        load_harmony_encoding,
-    )
+    """openai_harmony's own rendering, built message by message (no vLLM, no regen): the reference head
+    (tests/support/harmony.py), then ``messages``, rendered by Harmony's encoding."""
+    from openai_harmony import Conversation, HarmonyEncodingName, Role, load_harmony_encoding
 
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-    system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort.capitalize()))
-    out = [Message.from_role_and_content(Role.SYSTEM, system.with_conversation_start_date(DATE))]
-    if instructions or tools:
-        developer = DeveloperContent.new()
-        if instructions:
-            developer = developer.with_instructions(instructions)
-        if tools:
-            developer = developer.with_function_tools([ToolDescription.new(
-                t["function"]["name"], t["function"]["description"], parameters=t["function"]["parameters"])
-                for t in tools])
-        out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
-    out += messages
-    return enc.render_conversation_for_completion(Conversation.from_messages(out), Role.ASSISTANT)
+    head = reference_head(effort=effort, instructions=instructions, tools=tools, date=DATE)
+    return enc.render_conversation_for_completion(Conversation.from_messages(head + messages), Role.ASSISTANT)
 
 
 def test_a_prompt_is_harmonys_own_encoding_of_the_conversation():
@@ -230,6 +210,76 @@ def test_a_cut_off_thought_is_all_thought_and_bad_calls_are_recorded_not_dropped
     # A header Harmony misreads (the prompt's <|start|>assistant written again) is an error of the turn.
     _, parsed = _parse("<|start|>assistant<|channel|>final<|message|>Hi<|return|>")
     assert parsed.errors and not parsed.tool_calls
+
+
+def test_every_commentary_call_of_a_turn_is_read_in_order():
+    """Ids with two calls (an engine that does not stop at <|call|>): both are calls, numbered in the turn."""
+    split, parsed = _parse("<|channel|>analysis<|message|>Both cities.<|end|><|start|>assistant to=functions.get_weather"
+                           '<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|><|start|>assistant '
+                           'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>', turn=3)
+    assert split.reasoning_content == "Both cities." and parsed.errors == []
+    assert [(c["id"], c["function"]["arguments"]) for c in parsed.tool_calls] == [
+        ("call_3_0", {"city": "Oslo"}), ("call_3_1", {"city": "Rome"})]
+
+
+#: A source turn of two parallel calls, their results, and the answer after them.
+PARALLEL = [{"role": "user", "content": "Weather in Oslo and Rome?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "src_a", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+                {"id": "src_b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+            {"role": "tool", "tool_call_id": "src_a", "content": '{"temp": 3}'},
+            {"role": "tool", "tool_call_id": "src_b", "content": '{"temp": 18}'},
+            {"role": "assistant", "content": "Cold, then warm."}]
+_CALL = ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{{"city": "{city}"}}'
+         "<|call|>")
+
+
+def _regenerate(actions: list[str]):
+    """PARALLEL regenerated through Harmony (render_prompt, HarmonyTurnParser) with scripted completions; each
+    action's text is encoded to Harmony ids, as the engine would return them after the prompt's <|start|>assistant."""
+    import asyncio
+
+    from targets.harmony import HarmonyTurnParser, encoding, render_prompt
+    from worker.conversation.dialogue import Generation, regenerate_conversation
+
+    prompts: list[list[int]] = []
+
+    async def generate(prompt_ids, turn):
+        prompts.append(prompt_ids)
+        ids = encoding().encode(actions[turn], allowed_special="all")
+        return Generation(prompt_ids, ids, "stop", ids[-1])
+
+    result = asyncio.run(regenerate_conversation(
+        {"sample_id": "par", "messages": PARALLEL, "tools": [TOOL]}, thinking=True, parser=HarmonyTurnParser(),
+        render=lambda m, t: render_prompt(m, t, effort="medium", date=DATE), generate=generate))
+    return result, [encoding().decode(p) for p in prompts]
+
+
+def test_parallel_source_calls_are_made_one_action_at_a_time_and_every_result_spliced():
+    """gpt-oss stops at <|call|>: the turn's second call comes in a second action, after the first call's result,
+    and the answer after both; every result is the source's, re-labelled with the model's call."""
+    first = "<|channel|>analysis<|message|>Oslo first.<|end|>" + _CALL.format(city="Oslo")
+    result, prompts = _regenerate([first, _CALL.format(city="Rome").removeprefix("<|start|>assistant"),
+                                   "<|channel|>final<|message|>Cold, then warm.<|return|>"])
+    assert result.stop_reason is None and result.turns == 3 and result.tool_calls == 2
+    roles = [(m["role"], m.get("tool_call_id") or [c["id"] for c in m.get("tool_calls") or []]) for m in result.messages]
+    assert roles == [("user", []), ("assistant", ["call_0_0"]), ("tool", "call_0_0"), ("assistant", ["call_1_0"]),
+                     ("tool", "call_1_0"), ("assistant", [])]
+    assert [m["content"] for m in result.messages if m["role"] == "tool"] == ['{"temp": 3}', '{"temp": 18}']
+    # The second action sees the first call and its result; the answer sees both, each result after its call.
+    result_a = '<|start|>functions.get_weather<|channel|>commentary to=assistant<|message|>{"temp": 3}<|end|>'
+    result_b = '<|start|>functions.get_weather<|channel|>commentary to=assistant<|message|>{"temp": 18}<|end|>'
+    assert prompts[1].endswith(_CALL.format(city="Oslo") + result_a + "<|start|>assistant")
+    assert prompts[2].endswith(_CALL.format(city="Oslo") + result_a + _CALL.format(city="Rome") + result_b +
+                               "<|start|>assistant")
+    assert "<|channel|>analysis<|message|>Oslo first.<|end|>" in prompts[2]   # a thought within the tool loop stays
+
+
+def test_an_answer_before_all_the_turns_calls_stops_the_conversation_and_says_which_are_missing():
+    result, _ = _regenerate([_CALL.format(city="Oslo").removeprefix("<|start|>assistant"),
+                             "<|channel|>final<|message|>Cold.<|return|>"])
+    assert result.stop_reason == "tool_calls_diverged: expected [get_weather] got []"
+    assert result.turns == 2 and result.messages[-1]["content"] == "Cold."
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) to cut the network")

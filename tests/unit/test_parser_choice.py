@@ -33,6 +33,7 @@ TEMPLATES = {
     PUBLISHED / "kimi_k2_instruct.jinja": ("kimi", None, "kimi_k2", None, "never"),
     PUBLISHED / "kimi_k2_thinking.jinja": ("kimi", "kimi_k2", "kimi_k2", None, "always"),
     PUBLISHED / "mistral_small31.jinja": ("mistral", None, "mistral", None, "never"),
+    PUBLISHED / "magistral_small2509.jinja": ("mistral", "mistral", "mistral", None, "always"),
     TEMPLATES_DIR / "deepseek_r1_chat.jinja": ("deepseek", "deepseek_r1", "deepseek_v3", None, "always"),
     TEMPLATES_DIR / "glm45_chat.jinja": ("glm45", "glm45", "glm45", "enable_thinking", "switch"),
     TEMPLATES_DIR / "llama3_chat.jinja": ("llama3", None, "llama3_json", None, "never"),

@@ -65,11 +65,13 @@ def test_the_thinking_argument_is_no_part_of_the_config_hash(tmp_path):
     ("kimi_k2_thinking.jinja", ("kimi_k2", "kimi_k2"), "on", ("off", "mix")),
     ("kimi_k2_instruct.jinja", (None, "kimi_k2"), "off", ("on", "mix")),
     ("mistral_small31.jinja", (None, "mistral"), "off", ("on", "mix")),
+    # Magistral: the model opens [THINK] itself, as its system prompt asks; no argument closes the thought.
+    ("magistral_small2509.jinja", ("mistral", "mistral"), "on", ("off", "mix")),
 ])
 def test_kimi_and_mistral_are_chosen_by_rendering_with_only_the_mode_they_render(tmp_path, template, parsers,
                                                                                  default, refused):
-    """A plain submit records kimi_k2 / mistral; K2-Thinking always thinks (the model opens the thought and no
-    argument closes it), K2-Instruct and Mistral Small never do."""
+    """A plain submit records kimi_k2 / mistral; K2-Thinking and Magistral always think (the model opens the thought
+    and no argument closes it), K2-Instruct and Mistral Small never do."""
     model = _model(tmp_path, PUBLISHED / template)
     config = build_run_config(model, max_tokens=8)
     assert (config.parsers.reasoning, config.parsers.tool) == parsers

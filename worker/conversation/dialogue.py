@@ -23,6 +23,7 @@ from ledger.quality import unoffered_calls
 from targets.call_ids import with_valid_ids
 from targets.parsing import ReasoningSplit, ToolCallParse
 from targets.turn_parsers import RegenQwenParser, TurnParser
+from worker.conversation.splice import call_name, splice_all, splice_some
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -180,11 +181,29 @@ class _Walk:
     ) -> str | None:
         """Generate one assistant turn, append it (and spliced tool results) to the context.
 
+        A parser that reads one call per action (``one_call_per_action``: gpt-oss, whose actions end
+        at ``<|call|>``) regenerates a turn of several calls as several generations, each after the
+        results of the calls before it, until the model has made all the source's calls.
+
         Returns the conversation's stop reason, or None to go on.
         """
+        while True:
+            stop, left = await self._action(source_calls, source_results, source_continues)
+            if left is None:
+                return stop
+            source_calls, source_results = left
+
+    async def _action(
+        self,
+        source_calls: list[dict[str, Any]],
+        source_results: list[dict[str, Any]],
+        source_continues: bool,
+    ) -> tuple[str | None, tuple[list[dict[str, Any]], list[dict[str, Any]]] | None]:
+        """One generation of the turn: (stop reason, None), or (None, the source calls and results still to
+        be made) when the model made only some of the turn's calls in this action."""
         turn = len(self.events)
         if turn >= self.max_turns:
-            return "max_turns"
+            return "max_turns", None
         try:
             generation = await self._render_and_generate(turn)
         except SampleError as e:
@@ -192,7 +211,7 @@ class _Walk:
                 raise
             # A later turn that cannot be rendered (typically: the context outgrew the
             # model) still leaves the earlier turns valid, on-policy training data.
-            return f"{e.reason}: {e.detail}"
+            return f"{e.reason}: {e.detail}", None
 
         try:
             # The prompt decides whether the completion starts in a thought (turn_parsers.py).
@@ -212,25 +231,31 @@ class _Walk:
 
         if generation.finish_reason == "length":
             # Later turns would be conditioned on an answer the model never finished.
-            return "truncated"
+            return "truncated", None
         if generation.finish_reason == "abort":
-            return "aborted"
+            return "aborted", None
         if generation.finish_reason != "stop":
-            return f"unexpected_finish: {generation.finish_reason}"
+            return f"unexpected_finish: {generation.finish_reason}", None
         if parsed.errors:
-            return f"tool_call_invalid: {parsed.errors[0]['error']}"
+            return f"tool_call_invalid: {parsed.errors[0]['error']}", None
         if not source_continues:
-            return None
+            return None, None
         unoffered = unoffered_calls(parsed.tool_calls, self.tools) if self.tools else []
-        if unoffered and not set(unoffered) <= {_call_name(call) for call in source_calls}:
+        if unoffered and not set(unoffered) <= {call_name(call) for call in source_calls}:
             # A tool the sample's list does not offer, and the source never called: there
             # is no result to splice after it. The row keeps the call; its quality class
             # says unoffered_tool (also when the source made the same call: then it goes
             # on). A sample with no tool list is a divergence below: its tools are unknown.
-            return f"tool_not_offered: {','.join(unoffered)}"
-        spliced, stop = _splice_tool_results(parsed.tool_calls, source_calls, source_results)
+            return f"tool_not_offered: {','.join(unoffered)}", None
+        if (getattr(self.parser, "one_call_per_action", False) and parsed.tool_calls
+                and len(parsed.tool_calls) < len(source_calls)):
+            # Some of the turn's calls: their results now, the model makes the others after seeing them.
+            spliced, calls_left, results_left, stop = splice_some(parsed.tool_calls, source_calls, source_results)
+            self.context.extend(spliced)
+            return (stop, None) if stop else (None, (calls_left, results_left))
+        spliced, stop = splice_all(parsed.tool_calls, source_calls, source_results)
         self.context.extend(spliced)
-        return stop
+        return stop, None
 
     async def _render_and_generate(self, turn: int) -> Generation:
         try:
@@ -311,79 +336,11 @@ def _count_reasoning(
     return k, len(completion) - k - 1
 
 
-def _splice_tool_results(
-    calls: list[dict[str, Any]],
-    source_calls: list[dict[str, Any]],
-    source_results: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Pair the source's cached tool results with the model's own calls.
-
-    Calls match by name as a multiset (parallel calls may come in another order); the
-    results are re-ordered to follow the model's calls and re-labelled with its ids,
-    because Qwen templates pair a result with a call by position. A result carries a
-    ``name`` only where the source's has one, as an OpenAI request carries it: Kimi's
-    template writes a message's ``name`` in place of its role.
-
-    Returns:
-        The tool messages to append and a stop reason (then the list is empty).
-    """
-    got = [call["function"]["name"] for call in calls]
-    expected = [_call_name(call) for call in source_calls]
-    if sorted(got) != sorted(expected):
-        return [], f"tool_calls_diverged: expected [{','.join(expected)}] got [{','.join(got)}]"
-
-    owners: list[dict[str, Any] | None] = [None] * len(source_calls)  # the result of each source call
-    for n, result in enumerate(source_results):
-        k = _owner_of(result, source_calls, expected, owners)
-        if k is None:
-            label = result.get("name") or result.get("tool_call_id") or f"#{n}"
-            return [], f"tool_results_unmatched: result {label} answers no call"
-        owners[k] = result
-    missing = [expected[k] for k, owner in enumerate(owners) if owner is None]
-    if missing:
-        return [], f"tool_results_missing: no result for [{','.join(missing)}]"
-
-    spliced: list[dict[str, Any]] = []
-    used = [False] * len(source_calls)
-    for call, name in zip(calls, got, strict=True):
-        k = next(k for k, other in enumerate(expected) if other == name and not used[k])
-        used[k] = True
-        result = {**owners[k], "tool_call_id": call["id"]}
-        if result.get("name"):
-            result["name"] = name
-        spliced.append(result)
-    return spliced, None
-
-
-def _owner_of(
-    result: dict[str, Any],
-    source_calls: list[dict[str, Any]],
-    names: list[str],
-    owners: list[dict[str, Any] | None],
-) -> int | None:
-    """Index of the source call a result answers: by id, else by name, else by position."""
-    free = [k for k, owner in enumerate(owners) if owner is None]
-    call_id = result.get("tool_call_id")
-    if call_id:
-        for k in free:
-            if source_calls[k].get("id") == call_id:
-                return k
-    name = result.get("name")
-    if name:
-        return next((k for k in free if names[k] == name), None)
-    return free[0] if free else None
-
-
 def _parser_name(parser: TurnParser) -> str:
     """The parser as the ledger names it: ``reasoning <name>, tool <name>``."""
     described = getattr(parser, "description", None) or {}
     return (f"parser (reasoning {described.get('reasoning') or 'none'}, tool {described.get('tool') or 'none'}, "
             f"by {described.get('by', '?')})")
-
-
-def _call_name(call: dict[str, Any]) -> str:
-    function = call.get("function") or call
-    return str(function.get("name", ""))
 
 
 def _checked_messages(sample: dict[str, Any]) -> list[dict[str, Any]]:
