@@ -77,8 +77,14 @@ def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_tw
     def stranded() -> set[int]:
         return _queued(sessions, _unacked(settings))   # delivered, not claimed: a's pool holds them
 
+    def seen() -> str:
+        unacked = sorted(_unacked(settings))
+        with sessions() as s:
+            rows = s.execute(text("SELECT id, status, worker FROM batches ORDER BY id")).all()
+        return f"unacked batch ids {unacked}; batches {rows}\n{logs()}"
+
     wait_for(lambda: running_on(sessions, "held", "a") >= 1 and len(stranded()) >= 2, timeout_s=180,
-             what="a holding deliveries it has not claimed", interval_s=0.2, on_timeout=logs)
+             what="a holding deliveries it has not claimed", interval_s=0.2, on_timeout=seen)
     time.sleep(1)  # a has taken what its prefetch allows
     held_by_a = stranded()
     a_messages = _unacked(settings)
