@@ -98,6 +98,12 @@ class RequeueReport:
     topped_up: int = 0
     runs: list[str] = field(default_factory=list)
 
+    def count_expired(self, rows) -> None:
+        """Count ``handbacks.expire_leases``'s rows: expired, of them now dead, of them hand-backs."""
+        self.expired = len(rows)
+        self.dead = sum(1 for r in rows if r.status == "dead")
+        self.handed_back = sum(1 for r in rows if r.handed_back)
+
 
 _MESSAGE_COLUMNS = "b.id, b.seq, b.input_key, r.id AS run_id, r.name, r.queue"
 
@@ -175,8 +181,9 @@ def expire_leases(session: Session, client, *, lease_s: float, max_attempts: int
 
     ``client``: the broker's redis-py client, where the hand-back records are.
     """
-    rows = handbacks.expire_leases(session, client, lease_s=lease_s, max_attempts=max_attempts, run=run)
-    return len(rows), sum(1 for r in rows if r.status == "dead"), sum(1 for r in rows if r.handed_back)
+    report = RequeueReport()
+    report.count_expired(handbacks.expire_leases(session, client, lease_s=lease_s, max_attempts=max_attempts, run=run))
+    return report.expired, report.dead, report.handed_back
 
 
 def top_up(sessions: sessionmaker[Session], app: Celery, *, window: int, run_id: int | None = None) -> int:
@@ -296,9 +303,7 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
                 # The hand-back records are read from the broker first: a pass that cannot read them
                 # expires nothing (the broker error below) rather than count a hand-back's failure.
                 expired = handbacks.expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts)
-                report.expired = len(expired)
-                report.dead = sum(1 for r in expired if r.status == "dead")
-                report.handed_back = sum(1 for r in expired if r.handed_back)
+                report.count_expired(expired)
                 if requeued := [r.id for r in expired if r.status == "queued"]:
                     # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
                     front += s.execute(_BY_ID, {"ids": requeued}).all()
