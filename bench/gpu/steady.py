@@ -1,0 +1,306 @@
+"""Engine settings compared in the steady state of ONE engine, kept fed the way a farm keeps it fed.
+
+    . bench/gpu/unpack.sh && python3 -m bench.gpu.steady --model .gpu-carry/q32b --ignore-eos \\
+        --engine-arg gpu_memory_utilization=0.95 --as-built 0.9 \\
+        --try default --try fill=1.0 --try default --try watermark=0.01 --try default --try gmu
+
+Why not bench.gpu.sweep: a sweep runs a burst of requests to its end, once per setting. A
+burst small enough to afford at 32B never fills the cache (the sweep's first H200 run), and
+one large enough spends most of its time in its start and drain, where a farm's engine
+never is: a worker keeps ~1.5 x max_num_seqs conversations in its engine for hours. Here
+the engine is loaded once, in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and kept
+at ``--queue`` unfinished requests (new ones added before every step, from ``--rows``
+distinct prompts); the settings that vLLM's scheduler reads at every step are changed on
+its live objects every ``--segment`` seconds, and each segment is measured after its first
+``--settle`` share (the population of the cache adjusting to the new setting):
+
+- ``default``: vLLM's defaults as built (the control: run it between the others, so each
+  candidate is compared with the mean of the controls beside it, not with a drifting start);
+- ``cap=N`` / ``fill=F``: the scheduler's running cap (what ``max_num_seqs`` sets) at N, or at
+  what F of the cache holds (worker/engine/sizing.py) for these prompts and budgets;
+- ``watermark=W``: the share of KV blocks kept free when admitting (the ``watermark`` engine arg);
+- ``batched=N``: the step's token budget (``max_num_batched_tokens``);
+- ``gmu``: the whole cache the engine was built with. With ``--as-built G`` the engine is
+  built with a larger ``gpu_memory_utilization`` and every other segment holds back the
+  blocks beyond what G would have given (taken from the free pool, so the scheduler cannot
+  use them), so one engine compares two memory settings.
+
+The rate is exact, not inferred from what finished: generated tokens are counted at the
+window's ends (tokens of requests finished since, plus the output tokens every live
+request holds: a preempted request keeps its output and recomputes it as prefill, so
+recomputation is not counted as output). Also printed: preemptions, the tokens the
+scheduler scheduled per second (output + prefill + recomputed), the time-weighted running
+count and live KV tokens, and the bandwidth bound at that concurrency (bench/gpu/bound.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+#: Before vLLM is imported: the engine core in this process, so its scheduler can be reached.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@dataclass
+class Segment:
+    label: str
+    cap: int
+    watermark: float
+    batched: int
+    hold: bool
+    seconds: float = 0.0
+    tokens: int = 0
+    scheduled: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    #: (value, seconds the step took) of each step in the measured window.
+    running: list[tuple[float, float]] = field(default_factory=list)
+    live: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def time_mean(samples: list[tuple[float, float]]) -> float:
+    total = sum(dt for _, dt in samples)
+    return sum(v * dt for v, dt in samples) / total if total > 0 else 0.0
+
+
+def parse_segment(spec: str, *, kv_tokens: int, footprint: float, default_cap: int,
+                  default_batched: int) -> Segment:
+    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W`` | ``batched=N`` | ``gmu``, comma-joined."""
+    from worker.engine.sizing import fitting_level
+
+    cap, watermark, batched, hold = default_cap, 0.0, default_batched, True
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        if key == "default":
+            continue
+        if key == "cap":
+            cap = int(value)
+        elif key == "fill":
+            cap = fitting_level(kv_tokens, footprint, default_level=default_cap, fill=float(value))
+        elif key == "watermark":
+            watermark = float(value)
+        elif key == "batched":
+            batched = int(value)
+        elif key == "gmu":
+            hold = False
+        else:
+            raise SystemExit(f"--try {spec!r}: unknown setting {key!r} "
+                             "(default, cap=N, fill=F, watermark=W, batched=N, gmu)")
+    return Segment(spec, cap, watermark, batched, hold)
+
+
+def neighbour_controls(segments: list[Segment], i: int) -> list[Segment]:
+    """The ``default`` segments just before and just after segment ``i`` (one or two)."""
+    before = next((s for s in reversed(segments[:i]) if s.label == "default"), None)
+    after = next((s for s in segments[i + 1:] if s.label == "default"), None)
+    return [s for s in (before, after) if s is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.steady", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", type=int, default=8000, help="distinct prompts to draw requests from")
+    p.add_argument("--mean-tokens", type=float, default=1500.0)
+    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--queue", type=int, default=2048, help="unfinished requests kept in the engine")
+    p.add_argument("--warm", type=float, default=150.0, help="seconds run before the first segment (discarded)")
+    p.add_argument("--segment", type=float, default=110.0, help="seconds a setting runs")
+    p.add_argument("--settle", type=float, default=0.35, help="share of a segment not measured")
+    p.add_argument("--as-built", type=float, default=None,
+                   help="gpu_memory_utilization every segment but `gmu` emulates, by holding blocks back")
+    p.add_argument("--try", dest="tries", action="append", default=[], help="one segment's settings (repeatable)")
+    p.add_argument("--engine-arg", action="append", default=[])
+    p.add_argument("--cpu", action="store_true", help="a smoke run on vLLM's CPU build (the tiny model)")
+    args = p.parse_args(argv)
+    tries = args.tries or ["default", "fill=1.0", "default"]
+
+    from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.prompts import throughput_rows
+    from bench.throughput import BareEngine, engine_args, run_config
+    from worker.engine.args import parse_engine_args
+    from worker.engine.sizing import LengthMoments
+
+    extra = {"max_model_len": 8192, **({} if args.cpu else {"load_format": "dummy"}),
+             **parse_engine_args(args.engine_arg)}
+    rows = throughput_rows(args.rows, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
+    config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
+    t0 = time.perf_counter()
+    bare = BareEngine(args.model, engine_args(extra, on_cpu=args.cpu))
+    prompts, params = bare.requests(rows, config.as_record())
+    llm, engine = bare.llm, bare.llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler  # InprocClient -> EngineCore -> Scheduler
+    kv = scheduler.kv_cache_manager
+    pool = kv.block_pool
+    cache = engine.vllm_config.cache_config
+    block = int(cache.block_size)
+    blocks = int(pool.num_gpu_blocks)
+    shape = Shape.from_config(args.model)
+
+    # Blocks beyond what --as-built would have given: held by this benchmark in every segment but `gmu`.
+    hold_target = 0
+    built_gmu = float(cache.gpu_memory_utilization)
+    if args.as_built is not None and args.as_built < built_gmu:
+        import torch
+
+        total = torch.cuda.mem_get_info()[1]
+        hold_target = min(blocks - 1, int((built_gmu - args.as_built) * total / (block * shape.kv_bytes_per_token)))
+    held: list = []
+    usable = blocks - hold_target
+
+    moments = LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts), (sp.max_tokens for sp in params))
+    default_cap = scheduler.max_num_running_reqs
+    default_batched = scheduler.max_num_scheduled_tokens
+    print(f"loaded in {time.perf_counter() - t0:.0f} s; built at gpu_memory_utilization {built_gmu}: KV cache "
+          f"{blocks * block:,} tokens ({blocks:,} blocks of {block})"
+          + (f"; as built at {args.as_built}: {usable * block:,} tokens ({hold_target:,} blocks held back)"
+             if hold_target else "")
+          + f"; max_num_seqs {default_cap}; batched tokens {default_batched}; async scheduling "
+          f"{engine.vllm_config.scheduler_config.async_scheduling}; cudagraph sizes up to "
+          f"{max(getattr(engine.vllm_config.compilation_config, 'cudagraph_capture_sizes', None) or [0])}", flush=True)
+    print(f"workload: {len(rows):,} distinct prompts (mean {moments.prompt_mean:.0f} tokens), budgets mean "
+          f"{moments.out_mean:.0f} (max {max(sp.max_tokens for sp in params)}), ignore_eos "
+          f"{'on' if args.ignore_eos else 'off'}; {args.queue:,} unfinished kept in the engine; a request in it "
+          f"holds ~{moments.footprint():,.0f} tokens of cache (length-biased): the usable cache holds "
+          f"~{usable * block / moments.footprint():.0f}", flush=True)
+
+    # Preprocess every prompt once (what LLM.generate does per call), then add them as the engine drains.
+    engine_inputs = llm._preprocess_cmpl(prompts) if hasattr(llm, "_preprocess_cmpl") else prompts
+    next_row = 0
+    done_tokens = 0
+    done_requests = 0
+    preemptions = 0
+    scheduled_tokens = 0
+
+    original_preempt = scheduler._preempt_request
+    original_schedule = scheduler.schedule
+
+    def counting_preempt(request, timestamp):
+        nonlocal preemptions
+        preemptions += 1
+        return original_preempt(request, timestamp)
+
+    def counting_schedule(*a, **kw):
+        nonlocal scheduled_tokens
+        out = original_schedule(*a, **kw)
+        scheduled_tokens += int(out.total_num_scheduled_tokens)
+        return out
+
+    scheduler._preempt_request = counting_preempt
+    scheduler.schedule = counting_schedule
+
+    def generated() -> int:
+        """Output tokens generated so far: finished requests' plus every live request's."""
+        return done_tokens + sum(r.num_output_tokens for r in scheduler.requests.values())
+
+    def apply(seg: Segment) -> None:
+        scheduler.max_num_running_reqs = seg.cap
+        if hasattr(scheduler, "max_num_active_reqs"):  # 0.32: admission reads this one (0.26: the cap above)
+            scheduler.max_num_active_reqs = seg.cap
+        scheduler.max_num_scheduled_tokens = seg.batched
+        kv.watermark_blocks = int(seg.watermark * blocks)
+        if not seg.hold and held:
+            pool.free_blocks(held)
+            held.clear()
+
+    def keep_held(seg: Segment) -> None:
+        # Taken back a little at a time as blocks free up (never preempting to get them).
+        want = hold_target - len(held) if seg.hold else 0
+        if want > 0:
+            take = min(want, pool.get_num_free_blocks() - 1)
+            if take > 0:
+                held.extend(pool.get_new_blocks(take))
+
+    def run_for(seconds: float, seg: Segment, measure_from: float) -> None:
+        nonlocal next_row, done_tokens, done_requests
+        end = time.perf_counter() + seconds
+        start_mark = None
+        while time.perf_counter() < end:
+            now = time.perf_counter()
+            if start_mark is None and now >= measure_from:
+                start_mark = (now, generated(), scheduled_tokens, preemptions, done_requests)
+            while engine.get_num_unfinished_requests() < args.queue:
+                i = next_row % len(prompts)
+                llm._add_request(engine_inputs[i], params[i].clone())
+                next_row += 1
+            keep_held(seg)
+            before = time.perf_counter()
+            running = len(scheduler.running)
+            live = (blocks - 1 - pool.get_num_free_blocks() - len(held)) * block
+            for out in engine.step():
+                if getattr(out, "finished", False):
+                    done_tokens += len(out.outputs[0].token_ids)
+                    done_requests += 1
+            if start_mark is not None:
+                dt = time.perf_counter() - before
+                seg.running.append((running, dt))
+                seg.live.append((live, dt))
+        if start_mark is not None:
+            at, gen, sched, pre, fin = start_mark
+            seg.seconds = time.perf_counter() - at
+            seg.tokens = generated() - gen
+            seg.scheduled = scheduled_tokens - sched
+            seg.preemptions = preemptions - pre
+            seg.finished = done_requests - fin
+
+    warm = Segment("warm-up (default)", default_cap, 0.0, default_batched, True)
+    print(f"[warm-up] {args.warm:.0f} s at vLLM's defaults, not measured", flush=True)
+    apply(warm)
+    run_for(args.warm, warm, measure_from=float("inf"))
+    segments: list[Segment] = []
+    try:
+        for spec in tries:
+            seg = parse_segment(spec, kv_tokens=usable * block, footprint=moments.footprint(),
+                                default_cap=default_cap, default_batched=default_batched)
+            apply(seg)
+            start = time.perf_counter()
+            run_for(args.segment, seg, measure_from=start + args.settle * args.segment)
+            segments.append(seg)
+            print(f"[{seg.label}] cap {seg.cap}, watermark {seg.watermark}, batched {seg.batched}, "
+                  f"{'held back' if held else 'whole cache'}: {seg.tokens:,} tokens in {seg.seconds:.0f} s = "
+                  f"{seg.tok_s:,.0f} tok/s; {seg.preemptions:,} preemptions; running {time_mean(seg.running):.0f}",
+                  flush=True)
+    finally:
+        scheduler._preempt_request = original_preempt
+        scheduler.schedule = original_schedule
+
+    kv_bytes = shape.kv_bytes_per_token
+    print(f"\nsteady state, {args.segment:.0f} s a setting, measured over its last {1 - args.settle:.0%}; each "
+          "compared with the mean of the `default` segments beside it")
+    print("| setting | cap | watermark | batched | cache (tokens) | output tok/s | / controls beside | scheduled tok/s "
+          "| preemptions /min | ended /min | running (mean) | live KV tokens (mean) | bound at that concurrency |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for i, s in enumerate(segments):
+        controls = neighbour_controls(segments, i)
+        base = sum(c.tok_s for c in controls) / len(controls) if controls and s.label != "default" else 0.0
+        ratio = f"{s.tok_s / base:.3f}" if base else "-"
+        running, live = time_mean(s.running), time_mean(s.live)
+        per_min = 60.0 / s.seconds if s.seconds else 0.0
+        cache_tokens = (usable if s.hold else blocks) * block
+        print(f"| {s.label} | {s.cap} | {s.watermark} | {s.batched} | {cache_tokens:,} | {s.tok_s:,.0f} | {ratio} | "
+              f"{s.scheduled / s.seconds if s.seconds else 0:,.0f} | {s.preemptions * per_min:,.0f} | "
+              f"{s.finished * per_min:,.0f} | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
+              f"{bound_line(shape, running, live, s.tok_s)} |")
+    defaults = [s.tok_s for s in segments if s.label == "default"]
+    if defaults:
+        spread = (max(defaults) - min(defaults)) / (sum(defaults) / len(defaults))
+        print(f"\nthe `default` segments: {', '.join(f'{x:,.0f}' for x in defaults)} tok/s (spread {spread:.1%}: "
+              "a difference smaller than that is noise)")
+        best = max(segments, key=lambda s: s.tok_s)
+        print(f"best: {best.label} ({best.tok_s:,.0f} tok/s): {seed_hours_line(best.tok_s)}; defaults' mean: "
+              f"{seed_hours_line(sum(defaults) / len(defaults))}")
+    print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    bare.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
