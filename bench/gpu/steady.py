@@ -57,6 +57,9 @@ class Segment:
     scheduled: int = 0
     preemptions: int = 0
     finished: int = 0
+    #: (requests, tokens) preempted and waiting to be recomputed, at the window's start and end: a
+    #: setting that leaves more of them behind than it found borrows its rate from the next one.
+    debt: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     #: (value, seconds the step took) of each step in the measured window.
     running: list[tuple[float, float]] = field(default_factory=list)
     live: list[tuple[float, float]] = field(default_factory=list)
@@ -201,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         """Output tokens generated so far: finished requests' plus every live request's."""
         return done_tokens + sum(r.num_output_tokens for r in scheduler.requests.values())
 
+    def recompute_debt() -> tuple[int, int]:
+        """Requests preempted and not yet recomputed, and the tokens their recomputation will prefill."""
+        owed = [r.num_tokens for r in scheduler.requests.values() if r.num_computed_tokens == 0 and r.num_output_tokens]
+        return len(owed), sum(owed)
+
     def apply(seg: Segment) -> None:
         scheduler.max_num_running_reqs = seg.cap
         if hasattr(scheduler, "max_num_active_reqs"):  # 0.32: admission reads this one (0.26: the cap above)
@@ -226,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         while time.perf_counter() < end:
             now = time.perf_counter()
             if start_mark is None and now >= measure_from:
-                start_mark = (now, generated(), scheduled_tokens, preemptions, done_requests)
+                start_mark = (now, generated(), scheduled_tokens, preemptions, done_requests, recompute_debt())
             while engine.get_num_unfinished_requests() < args.queue:
                 i = next_row % len(prompts)
                 llm._add_request(engine_inputs[i], params[i].clone())
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                 seg.running.append((running, dt))
                 seg.live.append((live, dt))
         if start_mark is not None:
-            at, gen, sched, pre, fin = start_mark
+            at, gen, sched, pre, fin, debt = start_mark
+            seg.debt = (debt, recompute_debt())
             seg.seconds = time.perf_counter() - at
             seg.tokens = generated() - gen
             seg.scheduled = scheduled_tokens - sched
@@ -266,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             segments.append(seg)
             print(f"[{seg.label}] cap {seg.cap}, watermark {seg.watermark}, batched {seg.batched}, "
                   f"{'held back' if held else 'whole cache'}: {seg.tokens:,} tokens in {seg.seconds:.0f} s = "
-                  f"{seg.tok_s:,.0f} tok/s; {seg.preemptions:,} preemptions; running {time_mean(seg.running):.0f}",
+                  f"{seg.tok_s:,.0f} tok/s; {seg.preemptions:,} preemptions; running {time_mean(seg.running):.0f}; "
+                  f"preempted and waiting: {seg.debt[0][0]} ({seg.debt[0][1]:,} tokens) -> {seg.debt[1][0]} "
+                  f"({seg.debt[1][1]:,} tokens)",
                   flush=True)
     finally:
         scheduler._preempt_request = original_preempt
@@ -276,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsteady state, {args.segment:.0f} s a setting, measured over its last {1 - args.settle:.0%}; each "
           "compared with the mean of the `default` segments beside it")
     print("| setting | cap | watermark | batched | cache (tokens) | output tok/s | / controls beside | scheduled tok/s "
-          "| preemptions /min | ended /min | running (mean) | live KV tokens (mean) | bound at that concurrency |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| preemptions /min | ended /min | preempted waiting (start -> end) | running (mean) | live KV tokens (mean) "
+          "| bound at that concurrency |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for i, s in enumerate(segments):
         controls = neighbour_controls(segments, i)
         base = sum(c.tok_s for c in controls) / len(controls) if controls and s.label != "default" else 0.0
@@ -287,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         cache_tokens = (usable if s.hold else blocks) * block
         print(f"| {s.label} | {s.cap} | {s.watermark} | {s.batched} | {cache_tokens:,} | {s.tok_s:,.0f} | {ratio} | "
               f"{s.scheduled / s.seconds if s.seconds else 0:,.0f} | {s.preemptions * per_min:,.0f} | "
-              f"{s.finished * per_min:,.0f} | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
+              f"{s.finished * per_min:,.0f} | {s.debt[0][0]} ({s.debt[0][1]:,} tok) -> {s.debt[1][0]} "
+              f"({s.debt[1][1]:,} tok) | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
               f"{bound_line(shape, running, live, s.tok_s)} |")
     defaults = [s.tok_s for s in segments if s.label == "default"]
     if defaults:
