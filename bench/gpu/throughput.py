@@ -7,16 +7,15 @@
 The phases run one after another, each engine owning the GPU(s) alone (three 8B
 engines do not share an H200 without shrinking each one's KV cache):
 
-(a) bare ``LLM.generate`` over every request at once, with the engine settings a
-    worker gets on this GPU (vLLM's own offline defaults: on an H200 1,024 sequences
-    and 16,384 batched tokens, the best found there, docs/performance.md);
+(a) bare ``LLM.generate`` over every request at once, with vLLM's own offline defaults (on an
+    H200 1,024 sequences and 16,384 batched tokens): what a user typing ``LLM(...)`` gets;
 (b) the whole system: ``regen submit`` -> Redis -> ``regen worker --gpus all`` with its
     default admission -> S3 (moto) -> Postgres ledger; tokens and the claim-to-commit
     window from the ledger;
 (c) the one-batch-at-a-time worker (``--concurrency 1``);
-(a2) bare ``LLM.generate`` again, with ``max_num_seqs`` at the level regen's gate picks for
-    (a)'s KV cache and this workload (worker/engine/sizing.py): how much of (b)'s gain over (a)
-    is the settings and how much the system (issue 31). ``--skip a2`` leaves it out.
+(a2) bare ``LLM.generate`` again, with the engine settings regen chooses for a worker on this
+    GPU (worker/engine/host.py's ``engine_defaults``: the admission watermark): how much of (b)'s
+    gain over (a) is the settings and how much the system (issue 31). ``--skip a2`` leaves it out.
 
 At the end, per phase: the memory-bandwidth bound (bench/gpu/bound.py) at what the KV cache
 holds of this workload and, with ``--engine-stats``, at the phase's measured concurrency, the
@@ -73,7 +72,8 @@ from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.objects import ObjectStore
 from local.services import local_postgres, local_redis
 from worker.engine.args import format_engine_args
-from worker.engine.sizing import LengthMoments, fitting_level
+from worker.engine.host import GPU_ENGINE_ARGS
+from worker.engine.sizing import LengthMoments
 from worker.engine.stats import STATS_ENV
 
 #: What each phase generated and what vLLM's scheduler did in it, for the side-by-side lines at the end.
@@ -362,16 +362,19 @@ def bare_phase(args, model: str, settings: dict, rows: list[dict], config,
     return label, what, m.tokens, m.seconds, notes
 
 
-#: The bare phases: vLLM's defaults, and the same engine with the concurrency regen's sizing picks.
+#: The bare phases: vLLM's defaults, and the same engine with the settings regen chooses.
 BARE_WHAT = {"a": "bare LLM.generate, all requests at once, vLLM's defaults",
-             "a2": "bare LLM.generate, all requests at once, max_num_seqs as regen's sizing picks"}
+             "a2": "bare LLM.generate, all requests at once, regen's engine settings"}
 
 
-def chosen_max_num_seqs(settings: dict, kv_tokens: int, moments: LengthMoments, default: int) -> int:
-    """(a2)'s max_num_seqs: what regen's gate runs the engine at (worker/engine/sizing.py), from the KV
-    cache a phase before found and the workload's prompts and budgets (every answer to its budget
-    under --ignore-eos, so the budgets are the lengths), as the worker's first level is."""
-    return fitting_level(kv_tokens, moments.footprint(), default_level=int(settings.get("max_num_seqs", default)))
+def vllm_defaults(settings: dict, user: dict, *, on_cpu: bool) -> dict:
+    """(a)'s settings: the worker's, less what regen adds on GPUs (GPU_ENGINE_ARGS) unless the user set it too.
+
+    On the CPU regen's settings are what the CPU build needs to run at all (worker/engine/host.py),
+    so (a) keeps them."""
+    if on_cpu:
+        return dict(settings)
+    return {k: v for k, v in settings.items() if k not in GPU_ENGINE_ARGS or k in user}
 
 
 def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:
@@ -507,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     on_cpu = args.gpus == "none"
     extra = {"max_model_len": 8192, **({} if on_cpu else {"load_format": "dummy"}), **parse_engine_args(args.engine_arg)}
     settings = engine_args(extra, on_cpu=on_cpu)
+    bare_settings = vllm_defaults(settings, parse_engine_args(args.engine_arg), on_cpu=on_cpu)
     rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
     config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
@@ -514,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
           f"budgets lognormal: mean {statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, "
           f"max {max(budgets)}; batches of {args.batch_size}; ignore_eos "
           f"{'on' if args.ignore_eos else 'off (the dummy weights end early at random; --ignore-eos)'}")
-    print(f"engine settings of every phase (regen's GPU defaults + the benchmark's): {json.dumps(settings)}",
-          flush=True)
+    print(f"engine settings of (b), (c), (a2) (regen's defaults + the benchmark's): {json.dumps(settings)}; "
+          f"of (a) (vLLM's defaults + the benchmark's): {json.dumps(bare_settings)}", flush=True)
     results: list[tuple[str, str, int, float, str]] = []  # label, what, tokens, seconds, notes
     with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, \
             local_postgres(Path(work)) as (admin_dsn, _), local_redis() as (redis_url, _), \
@@ -549,17 +553,10 @@ def main(argv: list[str] | None = None) -> int:
                     compare_phase(scratch, label)
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
                 print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
-        if not args.two_gpus and "a2" not in skip and "a" not in skip:
-            # The KV cache of an engine with vLLM's defaults, found by loading one: (a)'s own, loaded
-            # first. Then (a2) with the max_num_seqs regen's gate would run that cache at.
-            results.append(bare_phase(args, args.model, settings, rows, config))
-            a = DETAILS["a"]
-            n = chosen_max_num_seqs(settings, a["kv_tokens"], a["moments"], default=1024)
-            print(f"(a2) max_num_seqs {n}: {a['kv_tokens']:,} tokens of KV cache over ~{a['moments'].footprint():,.0f} "
-                  "a request (worker/engine/sizing.py)", flush=True)
-            results.append(bare_phase(args, args.model, {**settings, "max_num_seqs": n}, rows, config, label="a2"))
-        elif not args.two_gpus and "a" not in skip:
-            results.append(bare_phase(args, args.model, settings, rows, config))
+        if not args.two_gpus and "a" not in skip:
+            results.append(bare_phase(args, args.model, bare_settings, rows, config))
+        if not args.two_gpus and "a2" not in skip and bare_settings != settings:
+            results.append(bare_phase(args, args.model, settings, rows, config, label="a2"))
     bare_tok_s = next((tokens / seconds for label, _, tokens, seconds, _ in results if label == "a"), None)
     table = ["", "| run | what | output tokens | seconds | tokens/s | / (a) | notes |", "|---|---|---:|---:|---:|---:|---|"]
     for label, what, tokens, seconds, notes in sorted(results, key=lambda r: (r[0] != "a", r[0] != "a2")):

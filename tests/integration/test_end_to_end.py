@@ -69,12 +69,20 @@ def test_sample_dataset_is_regenerated_end_to_end_by_two_workers(settings, s3_en
         tokens = s.execute(text("SELECT sum(completion_tokens) FROM samples")).scalar()
         by_worker = dict(s.execute(text("SELECT worker, count(*) FROM batches GROUP BY worker")).all())
         reasons = dict(s.execute(text("SELECT reason, count(*) FROM rejected_rows GROUP BY reason")).all())
+        provenance = s.execute(text("SELECT provenance FROM runs WHERE name = 'e2e'")).scalar()
     # The acceptance query: the ledger's done count equals the distinct ids in the shards.
     assert done == len(set(ids))
     assert tokens == sum(r["usage"]["completion_tokens"] for r in outputs)
     assert len(by_worker) == 2, f"both workers should have generated batches: {by_worker}"
     assert reasons.get("duplicate_id", 0) == report["duplicates"]
     assert sum(reasons.values()) == report["rejected"] + report["duplicates"]
+    # The run records what its engine was built with: regen's settings for the platform (the CPU
+    # build's: no chunked prefill) and what vLLM sized from them, and both workers logged the same.
+    settings_record = provenance["engine_settings"]
+    assert settings_record["args"]["enable_chunked_prefill"] is False, settings_record
+    assert settings_record["kv_cache_tokens"] > 0 and settings_record["max_num_seqs"] > 0, settings_record
+    for w in workers:
+        assert "settings chosen: engine args " in w.log() and "enable_chunked_prefill=False" in w.log()
 
     # A repeated submit changes nothing: no new sample, batch or message.
     queue_len = redis_lib.Redis.from_url(settings.redis_url).llen("regen")

@@ -83,6 +83,9 @@ def test_engine_defaults_leave_gpu_limits_to_vllm_and_keep_the_cpu_needs():
     assert "max_num_seqs" not in gpu and "max_num_batched_tokens" not in gpu
     assert cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] >= 8192
     assert gpu["enable_prefix_caching"] and cpu["enable_prefix_caching"]
+    # The admission watermark the H200 steady state chose (docs/results/h200-gpu-steady-2026-12-03.txt):
+    # GPUs only; the CPU build's cache is sized in GiB of its own and never the limit in tests.
+    assert gpu["watermark"] == 0.01 and "watermark" not in cpu
 
 
 def test_expected_max_num_seqs_before_the_engine_exists():

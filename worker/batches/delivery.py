@@ -233,6 +233,9 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
                                          "chat_template_sha256": renderer.template_hash,
                                          "config_hash": run["config_hash"]}}
         provenance = {k: run_ctx["provenance"][k] for k in ("engine", "chat_template_sha256")}
+        # What the engine was built with (worker/engine/host.py's settings): the run's record of
+        # regen's choices (the admission watermark) and the user's --engine-args, beside the release.
+        provenance["engine_settings"] = engine.settings()
         future = engine.submit(generate_batch(engine, renderer, samples, run_ctx))
         rows = _wait(rt, msg.batch_id, future)
         if rt.is_lost(msg.batch_id):

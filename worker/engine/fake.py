@@ -213,6 +213,12 @@ class FakeEngineHost(LoopHost):
         ledger_timing.record_sequence(n)  # a benchmark switch: bench/farm.py counts what ended in its window
         return [self._rng.randrange(10, 50_000) for _ in range(n)]
 
+    def settings(self) -> dict:
+        """The run's provenance of its engine: the fake's spec, never engine args a vLLM was built with."""
+        from dataclasses import asdict
+
+        return {"fake_engine": asdict(self.spec), "max_num_seqs": self.max_num_seqs}
+
     def shutdown(self) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -51,6 +51,19 @@ CPU_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens"
                                    "enable_chunked_prefill": False}
 
 
+#: vLLM's GPU engines, on top of its own defaults. ``watermark``: the share of KV blocks a
+#: waiting or preempted request must leave free to be admitted. vLLM's default, 0, admits
+#: whenever the prompt fits; when the cache is the limit (long answers: the seed's regime)
+#: every freed block is taken at once, the running requests then find none for their next
+#: token, and the newest is preempted and recomputed, again and again: at 0 a 32B engine on
+#: an H200 scheduled ~2 tokens for every token it output. At 1% it output 1.18x and 1.66x
+#: the tokens of the defaults beside it, in two steady-state runs
+#: (docs/results/h200-gpu-steady-2026-12-03.txt). Where the cache is not the limit (short
+#: answers) the free blocks never fall to 1% and it changes nothing. Why not a value chosen
+#: per workload: it acts only where the cache is the limit, which it finds for itself.
+GPU_ENGINE_ARGS: dict[str, Any] = {"watermark": 0.01}
+
+
 def engine_defaults(on_cpu: bool) -> dict[str, Any]:
     """regen's engine settings under the user's ``--engine-arg``s.
 
@@ -58,8 +71,9 @@ def engine_defaults(on_cpu: bool) -> dict[str, Any]:
     ``LLM`` builds it (usage context LLM_CLASS), so vLLM sizes max_num_seqs and the
     batched tokens for the GPU it finds (1,024 and 16,384 on an H100/H200, 256 and
     8,192 on smaller cards). A fixed 256/8,192 cost an H200 19% (docs/performance.md).
+    What it does set is ``GPU_ENGINE_ARGS``'s admission watermark.
     """
-    return {**COMMON_ENGINE_ARGS, **(CPU_ENGINE_ARGS if on_cpu else {})}
+    return {**COMMON_ENGINE_ARGS, **(CPU_ENGINE_ARGS if on_cpu else GPU_ENGINE_ARGS)}
 
 
 def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | None = None) -> int:
@@ -112,6 +126,10 @@ class EngineHost(LoopHost):
     #: The level the engine's KV cache holds, learned from the answers (worker/engine/kv_level.py).
     kv_level: KvLevel | None = None
     _logged_level: int = 0
+    #: The engine args it was built with beyond vLLM's defaults: regen's (engine_defaults) and the user's.
+    chosen_args: dict[str, Any] = field(default_factory=dict)
+    #: Tokens the KV cache holds, as vLLM sized it (0 where it cannot say).
+    kv_cache_tokens: int = 0
 
     def start(self) -> None:
         """Load the tokenizer and the engine (blocking; ~20 s for the tiny model on a CPU)."""
@@ -137,6 +155,7 @@ class EngineHost(LoopHost):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = {**engine_defaults(current_platform.is_cpu()), **self.engine_args}
+        self.chosen_args = {k: v for k, v in args.items() if k != "disable_log_stats"}
         if stats_wanted():
             args["disable_log_stats"] = False  # a diagnosis (worker/engine/stats.py), never the default
         # LLM_CLASS: vLLM's offline-batch defaults for this GPU (AsyncLLM's own context
@@ -146,8 +165,9 @@ class EngineHost(LoopHost):
         self.max_model_len = self._llm.model_config.max_model_len
         self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
         self.admission = AdmissionGate(admission_level(self.max_num_seqs))
+        self.kv_cache_tokens = _kv_tokens(self._llm)
         if kv_admission_wanted():  # worker/engine/kv_level.py: an A/B switch until the GPU shows a gain
-            self.kv_level = KvLevel(default_level=self.admission.level, kv_tokens=_kv_tokens(self._llm))
+            self.kv_level = KvLevel(default_level=self.admission.level, kv_tokens=self.kv_cache_tokens)
         self._logged_level = self.admission.level
         self._count_unfinished = _unfinished_counter(self._llm)
         # The gate is read at each sample: a test may swap it (tests/integration/test_admission_engine.py).
@@ -223,11 +243,19 @@ class EngineHost(LoopHost):
     def settings_note(self) -> str:
         """What regen chose for this engine beyond vLLM's defaults, for the worker's log and the run's record."""
         level = self.admission.level if self.admission else 0
+        chosen = ", ".join(f"{k}={v}" for k, v in sorted(self.chosen_args.items()))
         if self.kv_level is None:
-            return f"admitting {level} conversations at once (1.5 x max_num_seqs; {KV_ADMISSION_ENV}=1 sizes it to the KV cache)"
-        return (f"admitting up to {level} conversations at once, sized to {self.kv_level.fill:.0%} of the KV cache "
-                f"({self.kv_level.kv_tokens:,} tokens) over the requests' budgets, then their answers "
-                "(worker/engine/kv_level.py)")
+            return (f"engine args {chosen or 'vLLM defaults'}; admitting {level} conversations at once "
+                    f"(1.5 x max_num_seqs; {KV_ADMISSION_ENV}=1 sizes it to the KV cache)")
+        return (f"engine args {chosen or 'vLLM defaults'}; admitting up to {level} conversations at once, sized to "
+                f"{self.kv_level.fill:.0%} of the KV cache ({self.kv_level.kv_tokens:,} tokens) over the requests' "
+                "budgets, then their answers (worker/engine/kv_level.py)")
+
+    def settings(self) -> dict[str, Any]:
+        """The engine's settings for the run's provenance: what regen and the user set, and what vLLM sized."""
+        return {"args": dict(sorted(self.chosen_args.items())), "max_num_seqs": self.max_num_seqs,
+                "max_model_len": self.max_model_len, "kv_cache_tokens": self.kv_cache_tokens,
+                "admission_level": self.admission.level if self.admission else 0}
 
     @property
     def alive(self) -> bool:
