@@ -32,11 +32,12 @@ import os
 
 from worker.engine.sizing import FILL, fitting_level
 
-#: ``REGEN_KV_ADMISSION=1`` turns the sizing on. Off by default: on the H200 (issue 31,
-#: docs/results/h200-gpu-sweep-2026-12-02.txt) a 32B engine capped at what its cache holds ran
-#: 8-11% slower than vLLM 0.26's defaults on a burst too small to fill the cache, and the
-#: steady state, where the cache is the limit, is not measured yet. Until an A/B there shows
-#: a gain it stays a switch for that A/B, like REGEN_ENGINE_STATS.
+#: ``REGEN_KV_ADMISSION=1`` turns the sizing on. Off by default: on the H200 (issue 31) a 32B
+#: engine capped at what its cache holds ran 8-11% slower than vLLM 0.26's defaults on a burst too
+#: small to fill the cache (docs/results/h200-gpu-sweep-2026-12-02.txt), and 1.08x them in the
+#: steady state where the cache is the limit, inside the 18% spread of the defaults themselves
+#: (docs/results/h200-gpu-steady-2026-12-03.txt), where a 1% admission watermark (the GPU
+#: default now, worker/engine/host.py) did better. It stays a switch for an A/B, like REGEN_ENGINE_STATS.
 KV_ADMISSION_ENV = "REGEN_KV_ADMISSION"
 
 
