@@ -9,7 +9,6 @@ import pytest
 
 from ledger.errors import ConfigError
 from producer.run_config import build_run_config
-from producer.submit import _provenance
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"
 OWN = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates"
@@ -25,7 +24,7 @@ def test_deepseek_v31_is_switched_by_its_thinking_argument_and_records_it(tmp_pa
     record = config.as_record()
     assert (record["thinking"], record["thinking_off_share"], record["thinking_arg"]) == ("mix", 0.5, "thinking")
     assert (record["reasoning_parser"], record["tool_parser"]) == ("deepseek_v3", "deepseek_v31")
-    assert _provenance(config)["thinking_arg"] == "thinking"
+    assert config.provenance()["thinking_arg"] == "thinking"
 
 
 def test_glm_and_qwen_switch_with_enable_thinking(tmp_path):
