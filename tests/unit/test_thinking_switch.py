@@ -115,3 +115,18 @@ def test_named_parsers_on_a_template_with_a_switch_take_every_mode_and_record_th
     assert (config.thinking, config.thinking_arg) == ("off", "enable_thinking")
     assert build_run_config(model, max_tokens=8, thinking="mix", reasoning_parser="qwen3",
                             tool_parser="hermes").thinking_off_share == 0.5
+
+
+@pytest.mark.parametrize(("template", "parsers"), [
+    ("kimi_k2_thinking.jinja", ("kimi_k2", "kimi_k2")),
+    ("magistral_small2509.jinja", ("mistral", "mistral")),
+    ("deepseek_r1.jinja", ("deepseek_r1", "deepseek_v3")),
+])
+def test_naming_the_parsers_of_an_always_thinking_template_still_refuses_off_and_mix(tmp_path, template, parsers):
+    """Named or found, a mode is accepted only where the template renders it: no argument closes these thoughts."""
+    model = _model(tmp_path, PUBLISHED / template)
+    for mode in ("off", "mix"):
+        with pytest.raises(ConfigError, match=rf"--thinking {mode} cannot be rendered .*always thinks"):
+            build_run_config(model, max_tokens=8, thinking=mode, reasoning_parser=parsers[0], tool_parser=parsers[1])
+    named = build_run_config(model, max_tokens=8, reasoning_parser=parsers[0], tool_parser=parsers[1])
+    assert (named.thinking, named.thinking_arg) == ("on", "none")
