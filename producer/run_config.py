@@ -86,6 +86,18 @@ class RunConfig:
                 "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
                 **(self.parsers.as_record() if self.parsers else {}), **harmony_keys}
 
+    def provenance(self) -> dict:
+        """What the run was made from, as ``runs.provenance`` records it and every worker reads it: the model's
+        files, how its parsers were chosen (named, or the template's), the chat-template argument that switches
+        its thinking, and a Harmony run's system date (targets/harmony.py: without it no prompt renders).
+        ``regen submit`` stores it; ``regen estimate`` hands the same to its probe."""
+        out: dict = {"model_files": self.model_files, "thinking_arg": self.thinking_arg}
+        if self.parsers is not None:
+            out["parsers"] = {**self.parsers.as_record(), "chosen_by": self.parsers.chosen_by}
+        if self.harmony_start_date is not None:
+            out["harmony_start_date"] = self.harmony_start_date
+        return out
+
     @property
     def hash(self) -> str:
         # thinking_arg follows from the template, which model_files already hash: left out, so a run

@@ -123,17 +123,6 @@ class _Reject:
     detail: str
 
 
-def _provenance(config: RunConfig) -> dict:
-    """What the run was made from: the model's files, how its parsers were chosen (named, or the template's), and
-    the chat-template argument that switches its thinking (found by rendering the template)."""
-    out: dict = {"model_files": config.model_files, "thinking_arg": config.thinking_arg}
-    if config.parsers is not None:
-        out["parsers"] = {**config.parsers.as_record(), "chosen_by": config.parsers.chosen_by}
-    if config.harmony_start_date is not None:  # gpt-oss (targets/harmony.py): the system message's date
-        out["harmony_start_date"] = config.harmony_start_date
-    return out
-
-
 def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
                       batch_size: int, quality_thresholds: dict | None = None,
                       benchmark: bool = False) -> tuple[Run, bool]:
@@ -141,7 +130,7 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
     if run is None:
         run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
                                   config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
-                                  batch_size=batch_size, provenance=_provenance(config),
+                                  batch_size=batch_size, provenance=config.provenance(),
                                   quality_thresholds=quality_thresholds, benchmark=benchmark)
         return run, True
     if bool(run.benchmark) != benchmark:

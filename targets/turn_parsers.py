@@ -23,7 +23,8 @@ same for every family:
   draws random ones), which dialogue.py replaces where the template demands another form
   (Mistral's 9 alphanumerics, targets/call_ids.py);
 * a parser that raises is named in a ``ParserFailed``: that sample fails (``parser_error``),
-  never the batch.
+  never the batch; a tool parser that raises on the call the model wrote records that
+  call's error instead (the parser's name in it), as for a call it cannot read.
 
 The text handed to vLLM's parsers is decoded from the engine's ids with special
 tokens kept (as ``vllm serve`` does for tool parsers that read them), minus the
@@ -232,8 +233,12 @@ class VllmTurnParser:
                         for m in self._markers.calls)
         try:
             info = self._tool.extract_tool_calls(content, request)
-        except Exception as e:  # noqa: BLE001 - a parser crash on odd text is this turn's error, not the batch's
-            info, crash = None, f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - this sample's, never the batch's: a call's error or parser_error
+            crash = f"tool parser {self.description['tool']!r} raised {type(e).__name__}: {e}"
+            if not attempted:
+                # No call was written: a parser that cannot read plain text (gpt-oss's stub) cannot read any turn.
+                raise ParserFailed(crash) from e
+            info = None  # it crashed on the call the model wrote: that call's recorded error
         else:
             crash = None
         if info is None or not info.tools_called:

@@ -35,6 +35,7 @@ def actual_from_ledger(session: Session, run_name: str) -> dict[str, Any]:
         "SELECT count(*) FILTER (WHERE status = 'done') AS done, count(*) FILTER (WHERE status = 'failed') AS failed, "
         "count(*) FILTER (WHERE status = 'pending') AS pending, coalesce(sum(completion_tokens), 0) AS tokens, "
         "coalesce(sum(reasoning_tokens), 0) AS reasoning, coalesce(sum(answer_tokens), 0) AS answer, "
+        "coalesce(sum(prompt_tokens), 0) AS prompt, "
         "count(*) FILTER (WHERE finish_reason = 'length') AS truncated FROM samples WHERE run_id = :run"),
         {"run": run.id}).mappings().one()
     batches = session.execute(text(
@@ -59,6 +60,7 @@ def actual_from_ledger(session: Session, run_name: str) -> dict[str, Any]:
         "reasoning_tokens": int(counts["reasoning"]),
         "answer_tokens": int(counts["answer"]),
         "mean_output_tokens": tokens / finished if finished else 0.0,
+        "total_prompt_tokens": int(counts["prompt"]),
         "truncated_share": int(counts["truncated"]) / finished if finished else 0.0,
         "engines": len({w for w, _, _ in intervals}),
         "batches": len(intervals),
@@ -103,6 +105,9 @@ def compare(estimate: dict[str, Any], actual: dict[str, Any]) -> dict[str, Any]:
         _row("  reasoning", estimate["reasoning_tokens"], actual["reasoning_tokens"]),
         _row("  answer", estimate["answer_tokens"], actual["answer_tokens"]),
         _row("tokens per row", estimate["mean_output_tokens"], actual["mean_output_tokens"]),
+        # An estimate saved before prompts were counted has no row for them.
+        *([_row("prompt tokens", estimate["total_prompt_tokens"], actual["total_prompt_tokens"])]
+          if estimate.get("total_prompt_tokens") else []),
         _row("cut at max_tokens", estimate["truncated_share"], actual["truncated_share"]),
         _row("tokens/s per engine", estimate.get("tokens_per_s"), actual["tokens_per_s"]),
         _row("engine-hours", engine_h, actual["engine_hours"]),

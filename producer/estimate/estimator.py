@@ -93,9 +93,10 @@ class EstimateOptions:
 
 
 def run_document(config: RunConfig) -> dict[str, Any]:
-    """The run as claim_batch hands it to a worker (what generate_sample reads)."""
-    return {"model": config.model, "sampling": config.as_record(),
-            "provenance": {"model_files": config.model_files}}
+    """The run as claim_batch hands it to a worker (what generate_sample reads): its sampling record and the
+    provenance submit would store, so the probe renders every prompt as the workers will (a gpt-oss run's
+    Harmony system date included)."""
+    return {"model": config.model, "sampling": config.as_record(), "provenance": config.provenance()}
 
 
 def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any]:
@@ -197,14 +198,14 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
         for c in stratum.drawn:
             r = by_id[c["sample_id"]]
             rows.append((float(r["completion_tokens"]), float(r["reasoning_tokens"]), float(r["answer_tokens"]),
-                         1.0 if r["truncated"] else 0.0))
+                         1.0 if r["truncated"] else 0.0, float(r.get("prompt_tokens") or 0)))
         strata[key] = (stratum.population, rows)
     population = drawn.population
     points = [em.stratified_total({k: (n, [row[m] for row in rows]) for k, (n, rows) in strata.items()})
-              for m in range(4)]
+              for m in range(5)]
     replicates = em.stratified_bootstrap(strata, resamples=options.bootstrap_resamples)
-    tokens, reasoning, answer, truncated = (em.interval_from(points[m], replicates[m] if replicates else [])
-                                            for m in range(4))
+    tokens, reasoning, answer, truncated, prompt = (em.interval_from(points[m], replicates[m] if replicates else [])
+                                                    for m in range(5))
     per_row = 1.0 / population if population else 0.0
     tokens_per_s, throughput = _choose_throughput(probe, options.throughput)
     longest_s = max((s.get("duration_s", s["finished_s"]) for s in probe["samples"]), default=0.0)
@@ -247,6 +248,10 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
         "reasoning_tokens": reasoning.as_dict(0),
         "answer_tokens": answer.as_dict(0),
         "truncated_share": truncated.scaled(per_row).as_dict(4),
+        # Prompt tokens as the workers render them (the probe runs their Renderer: the chat template, or Harmony
+        # for gpt-oss), every turn's prompt counted: the prefill, and the prompt side of the exported rows.
+        "total_prompt_tokens": prompt.as_dict(0),
+        "mean_prompt_tokens": prompt.scaled(per_row).as_dict(1),
         "failed_share": round(failed / len(probe["samples"]), 4) if probe["samples"] else 0.0,
         "tokens_per_s": round(tokens_per_s, 3) if tokens_per_s else None,
         "throughput": throughput,
@@ -373,7 +378,7 @@ def hand_estimate(rows: int, mean_output_tokens: float, choice: ThroughputChoice
         "sample_size": 0, "strata": [],
         "mean_output_tokens": em.Interval(mean_output_tokens, mean_output_tokens, mean_output_tokens).as_dict(1),
         "total_output_tokens": total.as_dict(0), "reasoning_tokens": None, "answer_tokens": None,
-        "truncated_share": None, "failed_share": None,
+        "truncated_share": None, "failed_share": None, "total_prompt_tokens": None, "mean_prompt_tokens": None,
         "tokens_per_s": tokens_per_s, "throughput": throughput, "engines": engines,
         "longest_conversation_s": 0.0, "drain_loss_s": None, "drain_hours": 0.0, "spread_hours": 0.0,
         "start_loss_s": None, "start_hours": 0.0,

@@ -46,8 +46,9 @@ def render_estimate(doc: dict[str, Any]) -> str:
     lines = [f"regen estimate: {doc['model'] or 'hand calculation'}"]
     if cfg:
         sampling = ", ".join(f"{k} {cfg[k]}" for k in ("temperature", "top_p", "top_k") if k in cfg)
-        lines.append(f"  config   max_tokens {cfg['max_tokens']}, thinking {cfg['thinking']}, {sampling}, "
-                     f"seed {cfg['seed']}")
+        thinking = (f"Harmony, reasoning effort {cfg['reasoning_effort']}" if cfg.get("chat_format") == "harmony"
+                    else f"thinking {cfg['thinking']}")
+        lines.append(f"  config   max_tokens {cfg['max_tokens']}, {thinking}, {sampling}, seed {cfg['seed']}")
     lines.append(f"  dataset  {doc['rows']:,} rows to generate ({doc['rows_read']:,} read, {doc['rejected']:,} "
                  f"rejected, {doc['duplicates']:,} duplicates)")
     if doc["sample_size"]:
@@ -67,6 +68,10 @@ def render_estimate(doc: dict[str, Any]) -> str:
     if doc["truncated_share"]:
         row("cut at max_tokens", _pct(doc["truncated_share"]["value"]), _ci(doc["truncated_share"], _pct))
     row("total output tokens", _n(total["value"]), _ci(total, _big))
+    prompt = doc.get("mean_prompt_tokens")  # an estimate saved before prompts were counted has none
+    if prompt:
+        row("prompt tokens per row", _n(prompt["value"], 1), _ci(prompt, lambda v: _n(v, 1)))
+        row("total prompt tokens", _n(doc["total_prompt_tokens"]["value"]), _ci(doc["total_prompt_tokens"], _big))
     tps = doc["tokens_per_s"]
     row("tokens/s per engine", _n(tps, 0) if tps else "-", tp["source"])
     engine_h, wall_h = doc["engine_hours"], doc["wall_hours"]

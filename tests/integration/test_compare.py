@@ -145,6 +145,8 @@ def test_estimate_of_the_whole_sample_matches_the_farms_actual_tokens(settings, 
     assert rows["rows"]["actual"] == 290
     # Same seeds per sample and turn: equal up to the engine's batch-dependent numerics.
     assert rows["output tokens"]["actual_over_estimate"] == pytest.approx(1.0, abs=0.15)
+    # The prompts the probe rendered are the workers' (each turn's holds the turns generated before it).
+    assert rows["prompt tokens"]["actual_over_estimate"] == pytest.approx(1.0, abs=0.15)
     assert rows["engine-hours"]["actual"] > 0
     assert status_json(env, "census")["projection"]["completion_tokens_total"] == rows["output tokens"]["actual"]
 

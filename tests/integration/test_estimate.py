@@ -108,3 +108,52 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     # A results file of another draw is refused rather than silently mixed in.
     refused = run_estimate([*common, "--draw-seed", "5"], estimate_env, check=False)
     assert refused.returncode != 0 and "another sample" in (refused.stderr + refused.stdout)
+
+
+def test_a_gpt_oss_estimate_counts_the_prompts_the_workers_render_with_harmony(estimate_env, tmp_path,
+                                                                             tiny_family_model):
+    """gpt-oss's prompts are Harmony's (targets/harmony.py), dated as its run is: the probe renders each one as
+    a worker does, so every sample is generated and its prompt tokens are the worker's own count."""
+    from transformers import AutoTokenizer
+
+    from producer.dataset.normalize import normalize_row
+    from tests.support.harmony import DATE
+    from worker.conversation.rendering import Renderer
+
+    model = tiny_family_model("gpt_oss")
+    lines = [line for name in ("openai_chat.jsonl", "tools.jsonl")
+             for line in (SAMPLE / name).read_text().splitlines()[:6]]
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    probe_file = tmp_path / "probe.json"
+    env = {**estimate_env, "VLLM_SYSTEM_START_DATE": DATE}
+    doc = json.loads(run_estimate([str(data), "--model", str(model), "--sample", "100", "--max-tokens", "64",
+                                   "--seed", "5", "--reasoning-effort", "low", "--engine-arg", "max_model_len=4096",
+                                   "--probe-in-flight", "8", "--probe-results", str(probe_file), "--lengths-only",
+                                   "--json"], env).stdout)
+    assert doc["config"]["chat_format"] == "harmony" and doc["config"]["reasoning_effort"] == "low"
+    probe = json.loads(probe_file.read_text())
+    records = {s["sample_id"]: s for s in probe["samples"]}
+    # Every sample rendered (a probe without the run's date failed them all as template_error).
+    assert doc["rows"] == doc["sample_size"] == len(records) == len(lines)
+    assert doc["failed_share"] == 0.0, [(s["sample_id"], s["error"]) for s in records.values() if s["error"]]
+    # A census: the estimate's prompt tokens are the probe's, summed.
+    assert doc["total_prompt_tokens"]["value"] == sum(s["prompt_tokens"] for s in records.values()) > 0
+
+    renderer = Renderer(AutoTokenizer.from_pretrained(model), 4096)
+    options = {"effort": "low", "date": DATE}
+    single = 0
+    for line in lines:
+        sample = normalize_row(json.loads(line))
+        record = records[sample["sample_id"]]
+        first = next(i for i, m in enumerate(sample["messages"]) if m["role"] == "assistant")
+        prompt = renderer.render(sample["messages"][:first], sample.get("tools"), thinking=True,
+                                 harmony_options=options)
+        if record["turns"] == 1:
+            # One generation: its prompt is exactly the worker's Harmony rendering of the context.
+            assert record["prompt_tokens"] == len(prompt), sample["sample_id"]
+            single += 1
+        else:
+            # Each later prompt holds the first one and the model's turns after it.
+            assert record["prompt_tokens"] > record["turns"] * len(prompt), sample["sample_id"]
+    assert single >= 1

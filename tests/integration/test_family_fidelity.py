@@ -1,5 +1,6 @@
 """Faithful to targets of other families: Llama-3 JSON calls, DeepSeek-R1 thinking and calls, GLM-4.5 XML arguments,
-Kimi-K2 thinking and id-headed calls, Mistral JSON calls with 9-alphanumeric ids.
+Kimi-K2 thinking and id-headed calls, Mistral JSON calls with 9-alphanumeric ids, Magistral's [THINK] thoughts and
+v13 ``NAME[ARGS]`` calls.
 
 For each family's trained tiny model (worker/tiny/families.py: its own tokens and
 template, trained to emit that family's format), the bundled conversations run
@@ -14,6 +15,8 @@ The same suite runs on real targets' published templates (tests/data/templates) 
 into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking mix`` run,
 switched by its ``thinking`` argument), GLM-4.5's (mix too), Llama 3.1's, Kimi-K2-Thinking's and
 Mistral Small 3.1's (its system prompt carries today's date: prompts are compared on the day they are made).
+Magistral's tiny model carries the template mistral-common generates for Magistral Small 2509 (no Jinja one is
+published; tests/data/templates/SOURCES.md) as its own, so its one case is that template.
 Nothing is skipped. Where the tiny model (trained on regen's own template) makes no call the published
 template's parser reads, what is true of that template is asserted instead: R1's and V3.1's render no
 tool list (they never read ``tools``: the prompt is the tool-less one, no call is made or spliced, and each
@@ -85,11 +88,15 @@ CASES = (
          why="under Mistral Small 3.1's template (its long tool-calling system prompt, tools written key by key) "
              "the tiny model's calls lead to no splice (2026-12-02: 10 tool_call_invalid and 4 tool_calls_diverged "
              "of 14 tool conversations)"),
+    Case("magistral"),
 )
 #: Where a family's calls start in the text its parser reads (the answer): text holding one is a call, never an
 #: answer. Llama's JSON calls are recognised by their start.
 CALL_MARKERS = {"llama3": ("<|python_tag|>",), "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"),
-                "glm45": ("<tool_call>",), "kimi_k2": ("<|tool_calls_section_begin|>",), "mistral": ("[TOOL_CALLS]",)}
+                "glm45": ("<tool_call>",), "kimi_k2": ("<|tool_calls_section_begin|>",), "mistral": ("[TOOL_CALLS]",),
+                "magistral": ("[TOOL_CALLS]",)}
+#: A family's thought markers, where they are not ``<think>``/``</think>``.
+THINK_MARKERS = {"magistral": ("[THINK]", "[/THINK]")}
 
 
 def _conversations(limit_per_file: int = 12) -> list[dict]:
@@ -210,13 +217,13 @@ def _assistant_turns(row):
 
 
 def test_submit_chose_the_familys_own_vllm_parsers_and_each_row_says_so(family):
-    from worker.tiny.families import FAMILIES as SPECS
+    from worker.tiny.families import SPECS
 
     case, _, config, rows = family
-    name = case.family
-    expected = case.parsers or (SPECS[name]["reasoning_parser"], SPECS[name]["tool_parser"])
+    spec = SPECS[case.family]
+    expected = case.parsers or (spec.reasoning_parser, spec.tool_parser)
     assert (config.parsers.reasoning, config.parsers.tool) == expected
-    assert config.parsers.chosen_by == f"template: {name.split('_')[0]}"
+    assert config.parsers.chosen_by == f"template: {spec.detected_as or spec.name.split('_')[0]}"
     assert config.as_record()["tool_parser"] == expected[1]
     for row in rows:
         assert row["parser"]["reasoning"] == expected[0] and row["parser"]["tool"] == expected[1]
@@ -276,10 +283,11 @@ def test_thoughts_are_split_off_where_the_family_thinks(family):
         assert all(m.get("reasoning_content") is None for row in rows for m, _ in _assistant_turns(row))
         return
     assert sum(bool(t) for t in thoughts) >= len(thoughts) // 2, thoughts
+    start, end = THINK_MARKERS.get(case.family, ("<think>", "</think>"))
     for row in rows:
         for message, event in _assistant_turns(row):
             content = message.get("content") or ""
-            if "<think>" in content or "</think>" in content:
+            if start in content or end in content:
                 # A malformed thought stays as the model wrote it, and the event says so.
                 assert event["think_tags_ok"] is False, (row["sample_id"], content[:120])
 

@@ -35,7 +35,6 @@ def tiny_gpt_oss(tmp_path_factory):
 def harmony_run(tiny_gpt_oss):
     """(config, run record, rows): the bundled conversations generated on the engine, as a worker does."""
     from producer.run_config import build_run_config
-    from producer.submit import _provenance
     from tests.fixtures.worker import TEST_ENGINE_ENV
     from worker.conversation.generation import generate_batch
     from worker.conversation.rendering import Renderer
@@ -58,7 +57,7 @@ def harmony_run(tiny_gpt_oss):
         renderer = Renderer(host.tokenizer, host.max_model_len)
         run = {"id": 1, "name": "fid-gpt-oss", "model": host.model, "config_hash": config.hash,
                "sampling": config.as_record(),
-               "provenance": {**_provenance(config), "engine": host.engine_version,
+               "provenance": {**config.provenance(), "engine": host.engine_version,
                               "chat_template_sha256": renderer.template_hash}}
         rows = host.submit(generate_batch(host, renderer, _conversations(), run)).result(timeout=900)
     finally:

@@ -283,16 +283,10 @@ def test_mistral_small_never_thinks_and_its_json_calls_are_read_by_mistral_with_
 
 @pytest.fixture(scope="module")
 def magistral(tiny_family_model):
-    """Magistral Small 1.2's template on the tiny Mistral tokenizer, with the tokens tokenizer v13 adds:
-    ``[THINK]``/``[/THINK]`` (a thought) and ``[ARGS]``/``[CALL_ID]`` (v11+ calls), special as in Tekken v13."""
-    from transformers import AutoTokenizer
-
-    from worker.conversation.rendering import Renderer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_family_model("mistral"))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]", "[ARGS]", "[CALL_ID]"]})
-    tokenizer.chat_template = (PUBLISHED / "magistral_small2509.jinja").read_text()
-    return Renderer(tokenizer, 4096)
+    """Magistral Small 1.2's template on the tiny Magistral tokenizer (Tekken v13's tokens, special as there:
+    ``[THINK]``/``[/THINK]`` for a thought, ``[ARGS]``/``[CALL_ID]`` for v11+ calls); the tiny model's own
+    template is this one, byte for byte."""
+    return _renderer(tiny_family_model, "magistral", "magistral_small2509.jinja")
 
 
 def test_magistral_always_thinks_in_think_tokens_read_by_mistral(magistral):

@@ -117,3 +117,34 @@ def test_qwen35_xml_calls_through_vllms_qwen3_coder_parser(tokenizer):
 def test_a_parser_this_vllm_lacks_is_refused_by_name(tokenizer):
     with pytest.raises(ParserUnavailable, match="no_such_parser"):
         load_turn_parser(tokenizer, reasoning=None, tool="no_such_parser")
+
+
+@pytest.mark.parametrize(("reasoning", "tool", "named"), [
+    ("openai_gptoss", "hermes", "reasoning parser 'openai_gptoss' raised NotImplementedError"),
+    (None, "openai", "tool parser 'openai' raised NotImplementedError"),
+])
+def test_a_parser_that_raises_fails_the_sample_as_parser_error_naming_it(tokenizer, reasoning, tool, named):
+    """vLLM's own gpt-oss text parsers raise on use (gpt-oss is read with Harmony): named on a run that is not
+    rendered with Harmony, each turn they cannot read fails its sample, with the parser's name, never the batch."""
+    import asyncio
+
+    from targets.turn_parsers import ParserFailed
+    from worker.conversation.dialogue import SampleError, regenerate_conversation
+
+    parser = load_turn_parser(tokenizer, reasoning=reasoning, tool=tool)
+    with pytest.raises(ParserFailed, match=named):
+        parser.parse(_gen(tokenizer, "<think>\nhm\n</think>\n\nJust an answer."), thinking=True, tools=None, turn=0)
+
+    async def generate(prompt_ids, turn):
+        ids = tokenizer.encode("<think>\nhm\n</think>\n\nJust an answer.", add_special_tokens=False)
+        return Generation(prompt_token_ids=prompt_ids, token_ids=[*ids, tokenizer.convert_tokens_to_ids("<|im_end|>")],
+                          finish_reason="stop")
+
+    sample = {"sample_id": "s", "messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello"}]}
+    with pytest.raises(SampleError) as caught:
+        asyncio.run(regenerate_conversation(sample, thinking=True, render=lambda m, t: [1, 2, 3], generate=generate,
+                                            parser=parser))
+    assert caught.value.reason == "parser_error" and named in caught.value.detail
+    assert f"reasoning {reasoning or 'none'}, tool {tool}" in caught.value.detail
+

@@ -290,7 +290,7 @@ def _probe_for(drawn, tokens_of, tps=100.0):
         t = tokens_of(c)
         samples.append({"sample_id": c["sample_id"], "status": "done", "completion_tokens": t,
                         "reasoning_tokens": t // 2, "answer_tokens": t - t // 2, "truncated": t >= 500,
-                        "finished_s": 3.0})
+                        "prompt_tokens": 3 * t, "finished_s": 3.0})
     total = sum(s["completion_tokens"] for s in samples)
     return {"samples": samples, "output_tokens": total, "wall_s": total / tps, "tokens_per_s": tps,
             "peak_in_engine": len(samples), "engine_args": {"max_num_seqs": 256}}
@@ -311,6 +311,8 @@ def test_estimate_extrapolates_stratum_means_and_shows_its_arithmetic(tmp_path):
     assert doc["engine_hours"]["value"] == pytest.approx(work + 2 * 1.5 / 3600)
     assert doc["wall_hours"]["value"] == pytest.approx(work / 2 + 1.5 / 3600 + 1.5 / 3600)
     assert doc["reasoning_tokens"]["value"] + doc["answer_tokens"]["value"] == 90_000
+    # Prompt tokens, as the probe's records count them (3 × the output here), extrapolated the same way.
+    assert doc["total_prompt_tokens"]["value"] == 270_000 and doc["mean_prompt_tokens"]["value"] == 540.0
     for key in ("total_output_tokens", "engine_hours", "wall_hours"):
         assert doc[key]["ci_low"] <= doc[key]["value"] <= doc[key]["ci_high"]
     assert doc["throughput"]["source"] == "measured by the probe"
@@ -318,6 +320,7 @@ def test_estimate_extrapolates_stratum_means_and_shows_its_arithmetic(tmp_path):
     text = render_estimate(doc)
     assert "500 rows × 180.0 tokens/row = 90,000 tokens" in text
     assert "90,000 tokens / 100.0 tok/s = 900 s" in text
+    assert "prompt tokens per row" in text and "270,000" in text
     assert "engine time  = 0.250 h + 2 engine(s) × (0.0000 h start-up + 0.0004 h drain)" in text
 
     given = build_estimate(drawn, probe, CONFIG, EstimateOptions(throughput=ThroughputChoice(tokens_per_s=50.0)),
@@ -339,14 +342,20 @@ def test_compare_puts_actual_beside_the_estimate_and_rescales_wall_to_the_worker
                 "engine_hours": {"value": 1.05, "ci_low": 0.95, "ci_high": 1.15},
                 "wall_hours": {"value": 1.05, "ci_low": 0.95, "ci_high": 1.15}, "engines": 1,
                 "longest_conversation_s": 360.0, "config_hash": "abc", "created_at": "t",
-                "throughput": {"source": "measured by the probe"}}
-    actual = {"run": "r", "pending": 0, "rows": 100, "total_output_tokens": 1200, "reasoning_tokens": 650,
+                "throughput": {"source": "measured by the probe"},
+                "total_prompt_tokens": {"value": 5000, "ci_low": 4500, "ci_high": 5500}}
+    actual = {"run": "r", "pending": 0, "rows": 100, "total_output_tokens": 1200, "total_prompt_tokens": 5100,
+              "reasoning_tokens": 650,
               "answer_tokens": 550, "mean_output_tokens": 12.0, "truncated_share": 0.1, "tokens_per_s": 11.0,
               "engine_hours": 1.05, "wall_hours": 0.6, "engines": 2, "batches": 8, "config_hash": "abc"}
     result = compare(estimate, actual)
     rows = {r["metric"].strip(): r for r in result["rows"]}
     assert rows["output tokens"]["actual_over_estimate"] == pytest.approx(1.2)
     assert rows["output tokens"]["in_ci"] is False
+    assert rows["prompt tokens"]["actual_over_estimate"] == pytest.approx(1.02) and rows["prompt tokens"]["in_ci"]
+    # An estimate saved before prompts were counted compares without that row.
+    older = compare({k: v for k, v in estimate.items() if k != "total_prompt_tokens"}, actual)
+    assert "prompt tokens" not in {r["metric"].strip() for r in older["rows"]}
     # Recomputed for the 2 workers the run had: 2 drains of 0.05 h; wall work/2 + drain + spread.
     assert rows["engine-hours"]["estimate"] == pytest.approx(1.0 + 2 * 0.05)
     assert rows["engine-hours"]["in_ci"] is True

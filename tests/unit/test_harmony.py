@@ -45,7 +45,6 @@ def test_the_published_gpt_oss_template_is_found_to_be_harmonys_family():
 
 def test_a_plain_run_config_on_the_published_template_records_the_harmony_path(tmp_path, monkeypatch):
     from producer.run_config import build_run_config
-    from producer.submit import _provenance
 
     monkeypatch.setenv("VLLM_SYSTEM_START_DATE", DATE)
     config = build_run_config(str(_model_dir(tmp_path, GPT_OSS)), max_tokens=64)
@@ -53,7 +52,7 @@ def test_a_plain_run_config_on_the_published_template_records_the_harmony_path(t
     assert (record["chat_format"], record["reasoning_effort"], record["thinking"]) == ("harmony", "medium", "on")
     assert (record["reasoning_parser"], record["tool_parser"]) == ("openai_gptoss", "openai")
     assert config.parsers.chosen_by == "template: gpt_oss, rendered with Harmony"
-    assert _provenance(config)["harmony_start_date"] == DATE
+    assert config.provenance()["harmony_start_date"] == DATE
     # The date is provenance, not config: the same run submitted another day keeps its hash (and its date).
     monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2027-01-01")
     assert build_run_config(str(tmp_path), max_tokens=64).hash == config.hash

@@ -9,7 +9,6 @@ import pytest
 
 from ledger.errors import ConfigError
 from producer.run_config import build_run_config
-from producer.submit import _provenance
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates"
 OWN = Path(__file__).resolve().parents[2] / "worker" / "tiny" / "templates"
@@ -25,7 +24,7 @@ def test_deepseek_v31_is_switched_by_its_thinking_argument_and_records_it(tmp_pa
     record = config.as_record()
     assert (record["thinking"], record["thinking_off_share"], record["thinking_arg"]) == ("mix", 0.5, "thinking")
     assert (record["reasoning_parser"], record["tool_parser"]) == ("deepseek_v3", "deepseek_v31")
-    assert _provenance(config)["thinking_arg"] == "thinking"
+    assert config.provenance()["thinking_arg"] == "thinking"
 
 
 def test_glm_and_qwen_switch_with_enable_thinking(tmp_path):
@@ -116,3 +115,18 @@ def test_named_parsers_on_a_template_with_a_switch_take_every_mode_and_record_th
     assert (config.thinking, config.thinking_arg) == ("off", "enable_thinking")
     assert build_run_config(model, max_tokens=8, thinking="mix", reasoning_parser="qwen3",
                             tool_parser="hermes").thinking_off_share == 0.5
+
+
+@pytest.mark.parametrize(("template", "parsers"), [
+    ("kimi_k2_thinking.jinja", ("kimi_k2", "kimi_k2")),
+    ("magistral_small2509.jinja", ("mistral", "mistral")),
+    ("deepseek_r1.jinja", ("deepseek_r1", "deepseek_v3")),
+])
+def test_naming_the_parsers_of_an_always_thinking_template_still_refuses_off_and_mix(tmp_path, template, parsers):
+    """Named or found, a mode is accepted only where the template renders it: no argument closes these thoughts."""
+    model = _model(tmp_path, PUBLISHED / template)
+    for mode in ("off", "mix"):
+        with pytest.raises(ConfigError, match=rf"--thinking {mode} cannot be rendered .*always thinks"):
+            build_run_config(model, max_tokens=8, thinking=mode, reasoning_parser=parsers[0], tool_parser=parsers[1])
+    named = build_run_config(model, max_tokens=8, reasoning_parser=parsers[0], tool_parser=parsers[1])
+    assert (named.thinking, named.thinking_arg) == ("on", "none")

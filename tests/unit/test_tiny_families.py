@@ -57,6 +57,7 @@ def test_the_families_table_names_the_vllm_parsers():
         "glm45": {"reasoning_parser": "glm45", "tool_parser": "glm45"},
         "kimi_k2": {"reasoning_parser": "kimi_k2", "tool_parser": "kimi_k2"},
         "mistral": {"reasoning_parser": None, "tool_parser": "mistral"},
+        "magistral": {"reasoning_parser": "mistral", "tool_parser": "mistral"},
         # vLLM's names for gpt-oss; regen renders and reads it with Harmony (worker/tiny/harmony_model.py).
         "gpt_oss": {"reasoning_parser": "openai_gptoss", "tool_parser": "openai"},
     }

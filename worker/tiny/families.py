@@ -67,6 +67,16 @@ mistral (Mistral Small 3.1, tokenizer v7; parser: tool ``mistral``, no reasoning
     ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "ID"}]`` with ids of exactly
     9 alphanumerics (the template raises on any other), written by the model; no thinking.
 
+magistral (Magistral Small 1.2, Tekken tokenizer v13; parsers: reasoning ``mistral``, tool ``mistral``)
+    Mistral's tokens plus v13's ``[THINK]``, ``[/THINK]``, ``[ARGS]``, ``[CALL_ID]`` (all special, as in
+    Tekken v13; with ``[ARGS]`` in the vocabulary vLLM's parser reads v11+ calls). Its template is
+    ``templates/magistral_chat.jinja``, byte for byte the one mistral-common 1.13.1 generates for Magistral
+    Small 2509 (``tests/data/templates/magistral_small2509.jinja``; no Jinja template is published): without
+    a system message of the row's, the card's system prompt states the protocol. Always thinks, as the
+    model does: the prompt ends ``[/INST]`` and the model writes ``[THINK]THOUGHT[/THINK]ANSWER</s>``, or
+    ``[THINK]THOUGHT[/THINK][TOOL_CALLS]NAME[ARGS]{...}</s>`` (one ``[TOOL_CALLS]`` per call, no id: regen
+    gives each the 9 alphanumerics Mistral's parser takes); results are ``[TOOL_RESULTS]...[/TOOL_RESULTS]``.
+
 gpt_oss (gpt-oss; vLLM names ``openai_gptoss`` / ``openai``, but regen renders and reads it with Harmony)
     Harmony's own vocabulary (o200k_harmony, 201,088 ids) and gpt-oss's published template
     (``templates/gpt_oss_chat.jinja``, byte for byte ``openai/gpt-oss-20b``'s), built by
@@ -117,6 +127,9 @@ class Family:
     call_ids: str = "call"
     #: Whether the training conversations' tool results name their tool (Kimi's do not).
     tool_result_names: bool = True
+    #: The family ``regen submit`` reads off the template (targets/template_probe.py), where it is not ``name``'s
+    #: first word (Magistral is a Mistral template that thinks).
+    detected_as: str | None = None
 
     def call_id(self, name: str, n: int) -> str:
         """The id of the conversation's ``n``-th call (0-based), to ``name``."""
@@ -200,6 +213,17 @@ SPECS: dict[str, Family] = {
         bos_token="<s>", eos_token="</s>", pad_token="<pad>", stop_tokens=("</s>",),
         reasoning_parser=None, tool_parser="mistral", thinking="never",
         sampling={"temperature": 0.15, "top_p": 1.0}, call_ids="alnum9",
+    ),
+    "magistral": Family(
+        name="magistral", template="magistral_chat.jinja",
+        special_tokens=("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                        "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+                        "[/TOOL_RESULTS]", "[THINK]", "[/THINK]", "[ARGS]", "[CALL_ID]"),
+        format_tokens=(),
+        bos_token="<s>", eos_token="</s>", pad_token="<pad>", stop_tokens=("</s>",),
+        reasoning_parser="mistral", tool_parser="mistral", thinking="always",
+        # Magistral's card: temperature 0.7, top_p 0.95.
+        sampling={"temperature": 0.7, "top_p": 0.95}, call_ids="alnum9", detected_as="mistral",
     ),
     "gpt_oss": Family(
         name="gpt_oss", template="gpt_oss_chat.jinja",

@@ -185,7 +185,7 @@ def training_examples(family: Family, tokenizer, *, seed: int, tokens: int, stub
 #: prompts: 320 steps of 2048 left glm45 (two modes, thinking on and off) a third of its
 #: thoughts unclosed; 440 of 1536 (as many tokens) closes nearly all.
 TRAINED_STEPS = {"llama3": (640, 1536), "deepseek_r1": (440, 1536), "glm45": (440, 1536), "kimi_k2": (440, 1536),
-                 "mistral": (640, 1536)}
+                 "mistral": (640, 1536), "magistral": (640, 1536)}
 
 
 def _plan(family: Family, variant: str):
@@ -331,7 +331,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, variant: str = "random", see
         force: replace a tiny model already in ``out_dir``, and rebuild the cached copy.
         cache_dir: where built models are kept; default ``model.default_cache_dir()``.
         family: ``"qwen3"`` (``model.build_tiny_model``, unchanged), ``"llama3"``,
-            ``"deepseek_r1"``, ``"glm45"``, ``"kimi_k2"`` or ``"mistral"`` (see ``worker/tiny/families.py``).
+            ``"deepseek_r1"``, ``"glm45"``, ``"kimi_k2"``, ``"mistral"``, ``"magistral"`` or ``"gpt_oss"`` (see
+            ``worker/tiny/families.py``).
 
     Raises:
         ValueError: unknown family or variant.
