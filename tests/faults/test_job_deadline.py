@@ -27,9 +27,8 @@ def test_a_worker_past_its_jobs_drain_point_claims_nothing_and_stops_consuming(
     expected = write_prompts(tmp_path / "drain.jsonl", 48, prefix="d")
     job_env = {"SLURM_JOB_ID": "7001", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "na",
                "SLURM_JOB_END_TIME": str(int(time.time()) + 2)}
-    eager = ["--engine-arg", "enforce_eager=true"]  # no torch.compile: a minute less per engine start
-    a = start_worker("a", env=job_env, extra=[*FAST_RECOVERY, *eager, "--drain-before-end-s", "1"])
-    b = start_worker("b", extra=[*FAST_RECOVERY, *eager])
+    a = start_worker("a", env=job_env, extra=[*FAST_RECOVERY, "--drain-before-end-s", "1"])
+    b = start_worker("b", extra=FAST_RECOVERY)
     logs = lambda: "\n".join(w.name + ":\n" + w.log()[-3000:] for w in (a, b))  # noqa: E731
     a.wait_ready()
     b.wait_ready()

@@ -114,7 +114,8 @@ def _while_it_shuts_down(w) -> None:
 @pytest.mark.parametrize("moment", [_before_the_worker_runs, _before_the_engine_exists, _while_the_engine_loads,
                                     _while_it_shuts_down], ids=lambda f: f.__name__.strip("_"))
 def test_a_launcher_killed_at_any_moment_leaves_no_process(moment, start_worker):
-    w = start_worker("o", concurrency=1)
+    # Compiled where the kill must land inside the model load: eager, it is over in a second or two.
+    w = start_worker("o", concurrency=1, compiled=moment is _while_the_engine_loads)
     moment(w)
     _kill_launcher_and_wait_gone(w)
 

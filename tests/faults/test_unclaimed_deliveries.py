@@ -65,8 +65,11 @@ def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_tw
     # 8 batches: b takes 2, a 6 (2 claimed, 4 waiting for a thread), so none waits on the queue
     # and b's capacity, not the queue, decides when the 4 run.
     expected = write_prompts(tmp_path / "held.jsonl", 32, prefix="h")
-    a = start_worker("a", concurrency=2, env={TEST_PREFETCH_ENV: "3"})
-    b = start_worker("b", concurrency=2)
+    # Compiled engines, as before tests/fixtures/worker.py's eager default: eager (2026-12-03), once no
+    # batch of a's was still queued a second after the wait below (b's own deliveries, briefly unclaimed,
+    # can satisfy stranded() too), and the premise after the kill failed.
+    a = start_worker("a", concurrency=2, env={TEST_PREFETCH_ENV: "3"}, compiled=True)
+    b = start_worker("b", concurrency=2, compiled=True)
     logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
     a.wait_ready()
     b.wait_ready()

@@ -27,7 +27,7 @@ from ledger.settings import Settings
 from local.services import answers
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
 from tests.fixtures.fault_report import account
-from tests.fixtures.worker import TEST_ENGINE_ENV, WorkerProc, _Descendants
+from tests.fixtures.worker import EAGER_ENGINE_ARGS, TEST_ENGINE_ENV, WorkerProc, _Descendants
 from tests.support.helpers import ROOT, run_cli, wait_for
 from tests.support.s3_fault_proxy import FaultProxy
 
@@ -57,7 +57,7 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
     log_path = tmp / "worker.log"
     proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
                              "--queue", QUEUE, "--node-name", "f", "--model", str(tiny_model), "--engine-arg",
-                             "max_model_len=4096", *FAST_RECOVERY], env=worker_env, cwd=ROOT,
+                             "max_model_len=4096", *EAGER_ENGINE_ARGS, *FAST_RECOVERY], env=worker_env, cwd=ROOT,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                             start_new_session=True)
     worker = WorkerProc(name="f", proc=proc, log_path=log_path, env=worker_env, descendants=_Descendants(proc.pid))

@@ -132,7 +132,7 @@ def test_estimate_of_the_whole_sample_matches_the_farms_actual_tokens(settings, 
                                   env).stdout)
     assert doc["sample_size"] == doc["rows"] == 290
     # vLLM CPU 0.32 dies on seeded requests prefilled in chunks: whole prompts only (as the probe does).
-    worker = start_worker("census", extra=["--engine-arg", "enable_chunked_prefill=false"])
+    worker = start_worker("census", compiled=True, extra=["--engine-arg", "enable_chunked_prefill=false"])
     worker.wait_ready()
     run_cli(["submit", str(ROOT / "data" / "sample"), "--run", "census", "--model", str(tiny_model), "--output",
              output, "--batch-size", "32", *sampling,

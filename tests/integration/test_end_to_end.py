@@ -27,7 +27,7 @@ def test_sample_dataset_is_regenerated_end_to_end_by_two_workers(settings, s3_en
                    # gate would (rightly) pause. This test is about the plumbing, so the gate stays out.
                    "--quality-thresholds", '{"gate_overridden": true}']
     # Both workers up first, so each takes a share of the batches.
-    workers = [start_worker("a"), start_worker("b")]
+    workers = [start_worker("a", compiled=True), start_worker("b", compiled=True)]  # as users run them
     for w in workers:
         w.wait_ready()
     first = run_cli(submit_args, env)
