@@ -56,11 +56,11 @@ CPU_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens"
 #: whenever the prompt fits; when the cache is the limit (long answers: the seed's regime)
 #: every freed block is taken at once, the running requests then find none for their next
 #: token, and the newest is preempted and recomputed, again and again: at 0 a 32B engine on
-#: an H200 scheduled ~2 tokens for every token it output. At 1% it output 1.18x and 1.66x
-#: the tokens of the defaults beside it, in two steady-state runs
-#: (docs/results/h200-gpu-steady-2026-12-03.txt). Where the cache is not the limit (short
-#: answers) the free blocks never fall to 1% and it changes nothing. Why not a value chosen
-#: per workload: it acts only where the cache is the limit, which it finds for itself.
+#: an H200 scheduled ~2 tokens for every token it output. At 1% it output 1.18x the tokens of
+#: the defaults beside it in a steady-state run (1.66x in another, whose population may not
+#: have been sustainable; docs/results/h200-gpu-steady-2026-12-03.txt). One value for every
+#: workload, not one sized from it: where the cache is not the limit (short answers) the free
+#: blocks never fall to 1%, so it acts only where the cache is the limit, which it finds itself.
 GPU_ENGINE_ARGS: dict[str, Any] = {"watermark": 0.01}
 
 
