@@ -36,13 +36,11 @@ count and live KV tokens, and the bandwidth bound at that concurrency (bench/gpu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 
-#: Before vLLM is imported: the engine core in this process, so its scheduler can be reached.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from bench.gpu.live import Settings
 
 
 @dataclass
@@ -64,40 +62,17 @@ class Segment:
     running: list[tuple[float, float]] = field(default_factory=list)
     live: list[tuple[float, float]] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, s: Settings) -> Segment:
+        return cls(s.label, s.cap, s.watermark, s.batched, s.hold)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.label, self.cap, self.watermark, self.batched, self.hold)
+
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def time_mean(samples: list[tuple[float, float]]) -> float:
-    total = sum(dt for _, dt in samples)
-    return sum(v * dt for v, dt in samples) / total if total > 0 else 0.0
-
-
-def parse_segment(spec: str, *, kv_tokens: int, footprint: float, default_cap: int,
-                  default_batched: int) -> Segment:
-    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W`` | ``batched=N`` | ``gmu``, comma-joined."""
-    from worker.engine.sizing import fitting_level
-
-    cap, watermark, batched, hold = default_cap, 0.0, default_batched, True
-    for part in filter(None, spec.split(",")):
-        key, _, value = part.partition("=")
-        if key == "default":
-            continue
-        if key == "cap":
-            cap = int(value)
-        elif key == "fill":
-            cap = fitting_level(kv_tokens, footprint, default_level=default_cap, fill=float(value))
-        elif key == "watermark":
-            watermark = float(value)
-        elif key == "batched":
-            batched = int(value)
-        elif key == "gmu":
-            hold = False
-        else:
-            raise SystemExit(f"--try {spec!r}: unknown setting {key!r} "
-                             "(default, cap=N, fill=F, watermark=W, batched=N, gmu)")
-    return Segment(spec, cap, watermark, batched, hold)
 
 
 def neighbour_controls(segments: list[Segment], i: int) -> list[Segment]:
@@ -127,23 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     tries = args.tries or ["default", "fill=1.0", "default"]
 
     from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.prompts import throughput_rows
-    from bench.throughput import BareEngine, engine_args, run_config
-    from worker.engine.args import parse_engine_args
-    from worker.engine.sizing import LengthMoments
 
-    extra = {"max_model_len": 8192, **({} if args.cpu else {"load_format": "dummy"}),
-             **parse_engine_args(args.engine_arg)}
     rows = throughput_rows(args.rows, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
-    config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
-    bare = BareEngine(args.model, engine_args(extra, on_cpu=args.cpu))
-    prompts, params = bare.requests(rows, config.as_record())
-    llm, engine = bare.llm, bare.llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler  # InprocClient -> EngineCore -> Scheduler
-    kv = scheduler.kv_cache_manager
+    live = LiveEngine.load(args.model, rows, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                           engine_arg=args.engine_arg, cpu=args.cpu)
+    bare, prompts, params = live.bare, live.prompts, live.params
+    llm, engine, scheduler, kv, cache = bare.llm, live.engine, live.scheduler, live.kv, live.cache
     pool = kv.block_pool
-    cache = engine.vllm_config.cache_config
     block = int(cache.block_size)
     blocks = int(pool.num_gpu_blocks)
     shape = Shape.from_config(args.model)
@@ -159,16 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     held: list = []
     usable = blocks - hold_target
 
-    moments = LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts), (sp.max_tokens for sp in params))
+    moments = live.moments()
     default_cap = scheduler.max_num_running_reqs
     default_batched = scheduler.max_num_scheduled_tokens
-    print(f"loaded in {time.perf_counter() - t0:.0f} s; built at gpu_memory_utilization {built_gmu}: KV cache "
-          f"{blocks * block:,} tokens ({blocks:,} blocks of {block})"
+    print(f"loaded in {time.perf_counter() - t0:.0f} s; {live.engine_line()}"
           + (f"; as built at {args.as_built}: {usable * block:,} tokens ({hold_target:,} blocks held back)"
-             if hold_target else "")
-          + f"; max_num_seqs {default_cap}; batched tokens {default_batched}; async scheduling "
-          f"{engine.vllm_config.scheduler_config.async_scheduling}; cudagraph sizes up to "
-          f"{max(getattr(engine.vllm_config.compilation_config, 'cudagraph_capture_sizes', None) or [0])}", flush=True)
+             if hold_target else ""), flush=True)
     print(f"workload: {len(rows):,} distinct prompts (mean {moments.prompt_mean:.0f} tokens), budgets mean "
           f"{moments.out_mean:.0f} (max {max(sp.max_tokens for sp in params)}), ignore_eos "
           f"{'on' if args.ignore_eos else 'off'}; {args.queue:,} unfinished kept in the engine; a request in it "
@@ -210,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return len(owed), sum(owed)
 
     def apply(seg: Segment) -> None:
-        scheduler.max_num_running_reqs = seg.cap
-        if hasattr(scheduler, "max_num_active_reqs"):  # 0.32: admission reads this one (0.26: the cap above)
-            scheduler.max_num_active_reqs = seg.cap
-        scheduler.max_num_scheduled_tokens = seg.batched
-        kv.watermark_blocks = int(seg.watermark * blocks)
+        live.apply(seg.settings)
         if not seg.hold and held:
             pool.free_blocks(held)
             held.clear()
@@ -267,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     segments: list[Segment] = []
     try:
         for spec in tries:
-            seg = parse_segment(spec, kv_tokens=usable * block, footprint=moments.footprint(),
-                                default_cap=default_cap, default_batched=default_batched)
+            seg = Segment.of(parse_settings(spec, kv_tokens=usable * block, footprint=moments.footprint(),
+                                            default_cap=default_cap, default_batched=default_batched))
             apply(seg)
             start = time.perf_counter()
             run_for(args.segment, seg, measure_from=start + args.settle * args.segment)

@@ -27,13 +27,9 @@ bench.gpu.throughput does, with the settings chosen here.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, field
-
-#: Before vLLM is imported: the engine core in this process, so its scheduler can be reached.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 @dataclass
@@ -54,11 +50,6 @@ class Trial:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _time_mean(samples: list[tuple[float, float]]) -> float:
-    total = sum(dt for _, dt in samples)
-    return sum(v * dt for v, dt in samples) / total if total > 0 else 0.0
-
-
 def peak_live_tokens(prompt_lens: list[int], budgets: list[int]) -> tuple[int, int]:
     """(tokens, at) the cache would hold at most if every request started at once and ran to its budget.
 
@@ -71,26 +62,6 @@ def peak_live_tokens(prompt_lens: list[int], budgets: list[int]) -> tuple[int, i
     for t in range(0, max(budgets, default=0) + 1, 25):
         best = max(best, (int(sum(1 for b in budgets if b > t) * (mean_prompt + t)), t))
     return best
-
-
-def parse_try(spec: str, *, kv_tokens: int, footprint: float, default_cap: int) -> tuple[str, int, float]:
-    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W``, comma-joined: (label, cap, watermark)."""
-    from worker.engine.sizing import fitting_level
-
-    cap, watermark = default_cap, 0.0
-    for part in filter(None, spec.split(",")):
-        key, _, value = part.partition("=")
-        if key == "default":
-            continue
-        if key == "cap":
-            cap = int(value)
-        elif key == "fill":
-            cap = fitting_level(kv_tokens, footprint, default_level=default_cap, fill=float(value))
-        elif key == "watermark":
-            watermark = float(value)
-        else:
-            raise SystemExit(f"--try {spec!r}: unknown setting {key!r} (default, cap=N, fill=F, watermark=W)")
-    return spec, cap, watermark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,34 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
     from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.prompts import throughput_rows
     from bench.system_run import steady_tok_s
-    from bench.throughput import BareEngine, engine_args, run_config
-    from worker.engine.args import parse_engine_args
-    from worker.engine.sizing import LengthMoments
 
-    extra = {"max_model_len": 8192, **({} if args.cpu else {"load_format": "dummy"}),
-             **parse_engine_args(args.engine_arg)}
-    settings = engine_args(extra, on_cpu=args.cpu)
     rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
-    config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
-    bare = BareEngine(args.model, settings)
-    prompts, params = bare.requests(rows, config.as_record())
+    live = LiveEngine.load(args.model, rows, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                           engine_arg=args.engine_arg, cpu=args.cpu)
+    bare, prompts, params = live.bare, live.prompts, live.params
     bare.run("warm-up", prompts[:32], params[:32])
-    engine = bare.llm.llm_engine
-    core = engine.engine_core.engine_core  # InprocClient -> EngineCore
-    scheduler = core.scheduler
-    kv = scheduler.kv_cache_manager
-    cache = engine.vllm_config.cache_config
-    kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
-    moments = LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts), (sp.max_tokens for sp in params))
-    default_cap = scheduler.max_num_running_reqs
+    engine, scheduler, kv, kv_tokens = live.engine, live.scheduler, live.kv, live.kv_tokens
+    moments = live.moments()
+    default_cap, default_batched = scheduler.max_num_running_reqs, scheduler.max_num_scheduled_tokens
     shape = Shape.from_config(args.model)
-    print(f"loaded in {time.perf_counter() - t0:.0f} s; KV cache {kv_tokens:,} tokens ({cache.num_gpu_blocks:,} blocks "
-          f"of {cache.block_size}); max_num_seqs {default_cap}; batched tokens "
-          f"{engine.vllm_config.scheduler_config.max_num_batched_tokens}; cudagraph sizes up to "
-          f"{max(getattr(engine.vllm_config.compilation_config, 'cudagraph_capture_sizes', None) or [0])}", flush=True)
+    print(f"loaded in {time.perf_counter() - t0:.0f} s; {live.engine_line()}", flush=True)
     print(f"workload: {len(rows):,} prompts, prompt mean {moments.prompt_mean:.0f}, budgets mean "
           f"{moments.out_mean:.0f} (max {max(sp.max_tokens for sp in params)}), ignore_eos "
           f"{'on' if args.ignore_eos else 'off'}; a request in the engine holds ~{moments.footprint():,.0f} tokens "
@@ -149,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     original_preempt = scheduler._preempt_request
     step = engine.step
     for spec in tries:
-        label, cap, watermark = parse_try(spec, kv_tokens=kv_tokens, footprint=moments.footprint(),
-                                          default_cap=default_cap)
+        settings = parse_settings(spec, kv_tokens=kv_tokens, footprint=moments.footprint(),
+                                  default_cap=default_cap, default_batched=default_batched)
+        if not settings.hold:
+            raise SystemExit(f"--try {spec!r}: gmu needs held-back blocks: bench.gpu.steady --as-built")
+        label, cap, watermark = settings.label, settings.cap, settings.watermark
         trial = Trial(label, cap, watermark)
-        scheduler.max_num_running_reqs = cap
-        if hasattr(scheduler, "max_num_active_reqs"):  # 0.32: admission reads this one (0.26: the cap above)
-            scheduler.max_num_active_reqs = cap
-        kv.watermark_blocks = int(watermark * kv.block_pool.num_gpu_blocks)
+        live.apply(settings)
         bare.llm.reset_prefix_cache()
 
         def counting_preempt(request, timestamp, _t=trial):
@@ -196,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
           "KV used (mean) | bound at that concurrency |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for t in trials:
-        running, used = _time_mean(t.running), _time_mean(t.usage)
+        running, used = time_mean(t.running), time_mean(t.usage)
         steady = f"{t.steady:,.0f}" if t.steady else "-"
         print(f"| {t.label} | {t.cap} | {t.watermark} | {t.tok_s:,.0f} | {t.tok_s / first:.3f} | {steady} | "
               f"{t.preemptions:,} | {running:.0f} | {used:.0%} | "

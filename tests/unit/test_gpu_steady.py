@@ -1,27 +1,30 @@
-"""bench.gpu.steady's settings and its comparison with the controls beside each segment."""
+"""bench.gpu.steady's and bench.gpu.sweep's settings (bench/gpu/live.py) and the comparison with the controls."""
 
 import pytest
 
-from bench.gpu.steady import Segment, neighbour_controls, parse_segment, time_mean
+from bench.gpu.live import Settings, parse_settings, time_mean
+from bench.gpu.steady import Segment, neighbour_controls
 from worker.engine.sizing import fitting_level
 
 KW = {"kv_tokens": 275_248, "footprint": 1_620.0, "default_cap": 1024, "default_batched": 16_384}
 
 
 def test_each_setting_changes_only_what_it_names():
-    assert parse_segment("default", **KW) == Segment("default", 1024, 0.0, 16_384, True)
-    assert parse_segment("watermark=0.01", **KW) == Segment("watermark=0.01", 1024, 0.01, 16_384, True)
-    assert parse_segment("cap=200,batched=8192", **KW) == Segment("cap=200,batched=8192", 200, 0.0, 8192, True)
+    assert parse_settings("default", **KW) == Settings("default", 1024, 0.0, 16_384, True)
+    assert parse_settings("watermark=0.01", **KW) == Settings("watermark=0.01", 1024, 0.01, 16_384, True)
+    assert parse_settings("cap=200,batched=8192", **KW) == Settings("cap=200,batched=8192", 200, 0.0, 8192, True)
     # fill: the cap regen's sizing picks for that share of the cache (~170 for these lengths).
-    fill = parse_segment("fill=1.0", **KW)
+    fill = parse_settings("fill=1.0", **KW)
     assert fill.cap == fitting_level(275_248, 1_620.0, default_level=1024, fill=1.0) == 169
     # gmu: the only setting that lets the engine use the blocks held back for --as-built.
-    assert parse_segment("gmu", **KW).hold is False
+    assert parse_settings("gmu", **KW).hold is False
+    # A segment carries its settings unchanged to the live scheduler.
+    assert Segment.of(fill).settings == fill
 
 
 def test_an_unknown_setting_is_refused_by_name():
     with pytest.raises(SystemExit, match="unknown setting 'watermrk'"):
-        parse_segment("watermrk=0.01", **KW)
+        parse_settings("watermrk=0.01", **KW)
 
 
 def test_each_candidate_is_compared_with_the_defaults_just_beside_it():
