@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from producer.dataset.normalize import normalize_row
+from tests.fixtures.engine import FIDELITY_ENGINE_ARGS
 from tests.integration.test_export import jsonl, require
 from tests.support import finished_run as fr
 from tests.support.fidelity import assert_prompts_are_fresh_renderings
@@ -155,7 +156,7 @@ class FamilyEngines:
             self.model = build_tiny_model(self._tmp.mktemp("engines") / family, variant="trained", family=family)
             for key, value in TEST_ENGINE_ENV.items():
                 os.environ.setdefault(key, value)
-            self.host = EngineHost(model=str(self.model), engine_args={"max_model_len": 4096})
+            self.host = EngineHost(model=str(self.model), engine_args=dict(FIDELITY_ENGINE_ARGS))
             self.host.start()
             self.family = family
         return self.host
