@@ -72,7 +72,7 @@ from bench.throughput import BareEngine, _split_cpu_s, engine_args, run_config
 from ledger.objects import ObjectStore
 from local.services import local_postgres, local_redis
 from worker.engine.args import format_engine_args
-from worker.engine.host import GPU_ENGINE_ARGS
+from worker.engine.host import REGEN_GPU_CHOICES
 from worker.engine.sizing import LengthMoments
 from worker.engine.stats import STATS_ENV
 
@@ -368,13 +368,13 @@ BARE_WHAT = {"a": "bare LLM.generate, all requests at once, vLLM's defaults",
 
 
 def vllm_defaults(settings: dict, user: dict, *, on_cpu: bool) -> dict:
-    """(a)'s settings: the worker's, less what regen adds on GPUs (GPU_ENGINE_ARGS) unless the user set it too.
+    """(a)'s settings: the worker's, less what regen chooses on GPUs (REGEN_GPU_CHOICES) unless the user set it too.
 
     On the CPU regen's settings are what the CPU build needs to run at all (worker/engine/host.py),
     so (a) keeps them."""
     if on_cpu:
         return dict(settings)
-    return {k: v for k, v in settings.items() if k not in GPU_ENGINE_ARGS or k in user}
+    return {k: v for k, v in settings.items() if k not in REGEN_GPU_CHOICES or k in user}
 
 
 def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:

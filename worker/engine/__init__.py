@@ -7,6 +7,7 @@ In the order a conversation passes through::
       sizing.py    how many requests a KV cache holds at a workload's lengths (the arithmetic)
     host.py        EngineHost: vLLM's AsyncLLM on its own event loop (loop.py), shared by all batches
       args.py      ``--engine-arg k=v`` pairs to vLLM's engine arguments
+      gpu_memory.py  the share of its card the engine takes (more than vLLM's on a card of its own)
     occupancy.py   how full the engine was, sampled (read by worker/batches/holding.py)
     stats.py       vLLM's scheduler stats, for a diagnosis only (REGEN_ENGINE_STATS=1)
 

@@ -25,6 +25,7 @@ from typing import Any
 from ledger.errors import RegenError
 from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
+from worker.engine.gpu_memory import gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.loop import LoopHost
 from worker.engine.occupancy import REPORT_S, OccupancySampler
@@ -64,16 +65,25 @@ CPU_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens"
 GPU_ENGINE_ARGS: dict[str, Any] = {"watermark": 0.01}
 
 
-def engine_defaults(on_cpu: bool) -> dict[str, Any]:
+#: Every engine arg regen may choose on a GPU: bench/gpu/throughput.py's bare phase (a) leaves them
+#: all to vLLM, to show what regen's choices are worth.
+REGEN_GPU_CHOICES = (*GPU_ENGINE_ARGS, "gpu_memory_utilization")
+
+
+def engine_defaults(on_cpu: bool, *, cards: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """regen's engine settings under the user's ``--engine-arg``s.
 
     On GPUs regen sets no limits of its own: the engine is built as vLLM's offline
     ``LLM`` builds it (usage context LLM_CLASS), so vLLM sizes max_num_seqs and the
     batched tokens for the GPU it finds (1,024 and 16,384 on an H100/H200, 256 and
     8,192 on smaller cards). A fixed 256/8,192 cost an H200 19% (docs/performance.md).
-    What it does set is ``GPU_ENGINE_ARGS``'s admission watermark.
+    What it does set is ``GPU_ENGINE_ARGS``'s admission watermark and, on big cards that are
+    empty when the engine starts (``cards``: (total MiB, used MiB) each, read by nvidia-smi
+    when not given), a larger share of the card (worker/engine/gpu_memory.py).
     """
-    return {**COMMON_ENGINE_ARGS, **(CPU_ENGINE_ARGS if on_cpu else GPU_ENGINE_ARGS)}
+    if on_cpu:
+        return {**COMMON_ENGINE_ARGS, **CPU_ENGINE_ARGS}
+    return {**COMMON_ENGINE_ARGS, **GPU_ENGINE_ARGS, **memory_share(gpu_cards() if cards is None else cards)}
 
 
 def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | None = None) -> int:
