@@ -1,8 +1,11 @@
 """Engine settings compared in the steady state of ONE engine, kept fed the way a farm keeps it fed.
 
     . bench/gpu/unpack.sh && python3 -m bench.gpu.steady --model .gpu-carry/q32b --ignore-eos \\
-        --engine-arg gpu_memory_utilization=0.95 --as-built 0.9 \\
-        --try default --try fill=1.0 --try default --try watermark=0.01 --try default --try gmu
+        --as-built 0.92 --try default --try watermark=0.01,gmu --try default --try watermark=0.03,gmu
+
+The engine is built with regen's settings (worker/engine/host.py ``engine_defaults``): on an
+empty H200 that is gpu_memory_utilization 0.95 (worker/engine/gpu_memory.py), so ``--as-built
+0.92`` (vLLM 0.26's default) makes every segment but a ``gmu`` one run with vLLM's cache.
 
 Why not bench.gpu.sweep: a sweep runs a burst of requests to its end, once per setting. A
 burst small enough to afford at 32B never fills the cache (the sweep's first H200 run), and
