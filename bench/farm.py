@@ -183,6 +183,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
                 time.sleep(args.measure_s)
             t1 = time.time()
             cores = cpu.cores()
+            exits = [p.poll() for p in workers.procs]
         finally:
             workers.stop()
     ledger_timing.flush()
@@ -191,6 +192,14 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
     table.targets(commits_s=gpus * COMMITS_S_PER_GPU, heartbeats_s=gpus / 5 + procs / 5)
     table.engines(timings.get(SEQUENCE, []), samples_s=gpus * SAMPLES_S_PER_GPU,
                   tok_s=gpus * SAMPLES_S_PER_GPU * MEAN_TOKENS)
+    ended = len(timings.get(SEQUENCE, []))
+    if ended == 0 or any(code is not None for code in exits):
+        # A window in which the engines made nothing measures nothing: say why, from the workers' own logs.
+        table.note(f"NO ANSWERS or a worker gone: {ended} answers ended; worker exit codes "
+                   f"{[code for code in exits]} (None: still running at the window's end)")
+        for k in sorted({0, *(k for k, code in enumerate(exits) if code is not None)})[:3]:
+            tail_lines = workers.logs[k].read_text(errors="replace").splitlines()[-15:]
+            table.note(f"worker {k}'s log ends:\n    " + "\n    ".join(tail_lines or ["(empty)"]))
     table.note(f"heartbeats: {gpus} played statements / 5 s over 122 held batches each, plus the {procs} "
                f"workers' own over their (4/GPU) held sets; {beats.words()}")
     return table

@@ -21,7 +21,7 @@ import time
 import psycopg
 import pytest
 import redis as redis_lib
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from ledger import handbacks
 from ledger.db import make_sessionmaker
@@ -46,9 +46,8 @@ LEASE_S = 30.0
 
 @pytest.fixture
 def proxy(settings):
-    host_port = settings.database_url.rsplit("@", 1)[-1].split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
-    p = PgProxy(host, int(port))
+    url = make_url(settings.database_url)  # with or without user@ (the machine's server has none)
+    p = PgProxy(url.host or "127.0.0.1", int(url.port or 5432))
     yield p
     p.close()
 

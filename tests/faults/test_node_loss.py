@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
 from tests.fixtures.fault_report import account
-from tests.support.helpers import cli_env, run_cli, wait_for
+from tests.support.helpers import BackgroundCli, cli_env, wait_for
 from worker.process.options import WorkerOptions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -52,20 +52,24 @@ def test_a_killed_nodes_batches_are_claimed_again_within_a_minute(settings, s3_e
     # batches and finished them (45 s) before b was ready, so nothing was left to take over.
     a.wait_ready()
     b.wait_ready()
-    run_cli(["submit", str(tmp_path / "loss.jsonl"), "--run", "loss", "--model", a.model, "--output",
-             f"{s3_bucket}/loss", "--batch-size", "8", "--max-tokens", "384", "--seed", "5",
-             "--quality-thresholds", '{"gate_overridden": true}'], env)
-    wait_for(lambda: running_on(sessions, "loss", "a") >= 1, timeout_s=180, what="a running batches",
-             interval_s=0.2, on_timeout=logs)
+    # Watched while the submit runs: its batches start before it returns, and a loaded machine's
+    # submit returned once after all 12 had ended (18 s), when nothing of a's was left to kill.
+    submit = BackgroundCli(["submit", str(tmp_path / "loss.jsonl"), "--run", "loss", "--model", a.model, "--output",
+                            f"{s3_bucket}/loss", "--batch-size", "8", "--max-tokens", "384", "--seed", "5",
+                            "--quality-thresholds", '{"gate_overridden": true}'], env)
+    wait_for(lambda: submit.check() or running_on(sessions, "loss", "a") >= 1, timeout_s=180,
+             what="a running batches", interval_s=0.1, on_timeout=logs)
 
     lost_with_a = _running_batches(sessions, "loss", "a")
     a.kill_all()  # the node is gone: launcher, worker process and engine at once
+    assert lost_with_a, "a's batches ended between the wait and the kill: nothing was lost with it"
     killed_at = time.monotonic()
     wait_for(lambda: _taken_by(sessions, lost_with_a, "b") == lost_with_a, timeout_s=180,
              what="b claiming every batch a was running", interval_s=0.5,
              on_timeout=lambda: f"{batches_by_status(sessions, 'loss')}\n{logs()}")
     back_s = time.monotonic() - killed_at
     assert back_s < RECOVERY_BOUND_S, f"a's {len(lost_with_a)} batches took {back_s:.0f} s to be claimed again"
+    submit.join()
 
     wait_for(lambda: settled(sessions, "loss"), timeout_s=900, what="every batch settled", interval_s=1,
              on_timeout=lambda: f"{batches_by_status(sessions, 'loss')}\n{b.log()[-4000:]}")

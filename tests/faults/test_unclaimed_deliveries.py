@@ -25,7 +25,7 @@ from ledger.broker import UNACKED_KEY
 from ledger.defaults import QUEUED_GRACE_S
 from tests.faults.farm import batches_by_status, running_on, settled, write_prompts
 from tests.fixtures.fault_report import account
-from tests.support.helpers import cli_env, run_cli, wait_for
+from tests.support.helpers import BackgroundCli, cli_env, wait_for
 from worker.process.consumer import TEST_PREFETCH_ENV
 from worker.process.options import WorkerOptions
 
@@ -65,17 +65,20 @@ def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_tw
     # 8 batches: b takes 2, a 6 (2 claimed, 4 waiting for a thread), so none waits on the queue
     # and b's capacity, not the queue, decides when the 4 run.
     expected = write_prompts(tmp_path / "held.jsonl", 32, prefix="h")
-    # Compiled engines, as before tests/fixtures/worker.py's eager default: eager (2026-12-03), once no
-    # batch of a's was still queued a second after the wait below (b's own deliveries, briefly unclaimed,
-    # can satisfy stranded() too), and the premise after the kill failed.
-    a = start_worker("a", concurrency=2, env={TEST_PREFETCH_ENV: "3"}, compiled=True)
+    # a's engine runs 2 sequences at a time, so its 2 running batches (8 requests) last ~4x as long
+    # as b's and its other deliveries stay unclaimed while the test looks. With both engines at full
+    # speed, twice (eager once, compiled once, 2026-12-03) no batch of a's was still queued a second
+    # after the wait below: a had finished its first two and claimed the rest, or b's own deliveries,
+    # briefly unclaimed, had satisfied stranded(). Compiled engines, as a user's.
+    a = start_worker("a", concurrency=2, env={TEST_PREFETCH_ENV: "3"}, compiled=True,
+                     extra=["--engine-arg", "max_num_seqs=2"])
     b = start_worker("b", concurrency=2, compiled=True)
     logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
     a.wait_ready()
     b.wait_ready()
-    run_cli(["submit", str(tmp_path / "held.jsonl"), "--run", "held", "--model", a.model, "--output",
-             f"{s3_bucket}/held", "--batch-size", "4", "--max-tokens", "256", "--seed", "7",
-             "--quality-thresholds", '{"gate_overridden": true}'], env)
+    submit = BackgroundCli(["submit", str(tmp_path / "held.jsonl"), "--run", "held", "--model", a.model, "--output",
+                            f"{s3_bucket}/held", "--batch-size", "4", "--max-tokens", "256", "--seed", "7",
+                            "--quality-thresholds", '{"gate_overridden": true}'], env)
 
     def stranded() -> set[int]:
         return _queued(sessions, _unacked(settings))   # delivered, not claimed: a's pool holds them
@@ -86,15 +89,16 @@ def test_a_killed_workers_unclaimed_deliveries_are_generated_elsewhere_within_tw
             rows = s.execute(text("SELECT id, status, worker FROM batches ORDER BY id")).all()
         return f"unacked batch ids {unacked}; batches {rows}\n{logs()}"
 
-    wait_for(lambda: running_on(sessions, "held", "a") >= 1 and len(stranded()) >= 2, timeout_s=180,
-             what="a holding deliveries it has not claimed", interval_s=0.2, on_timeout=seen)
+    wait_for(lambda: submit.check() or (running_on(sessions, "held", "a") >= 1 and len(stranded()) >= 2),
+             timeout_s=180, what="a holding deliveries it has not claimed", interval_s=0.2, on_timeout=seen)
     time.sleep(1)  # a has taken what its prefetch allows
     held_by_a = stranded()
     a_messages = _unacked(settings)
     a.kill_all()  # the node is gone: launcher, worker process and engine at once
     killed_at = time.monotonic()
     held_by_a = _queued(sessions, held_by_a)  # a may have claimed one in its last moment
-    assert len(held_by_a) >= 2
+    assert len(held_by_a) >= 2, seen()
+    submit.join()
 
     wait_for(lambda: _claimed_by(sessions, held_by_a, "b") == held_by_a, timeout_s=300,
              what="b claiming a's unclaimed deliveries", interval_s=0.5,

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,41 @@ def run_cli(args: list[str], env: dict[str, str], *, check: bool = True, timeout
     if check and proc.returncode != 0:
         raise AssertionError(f"regen {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+class BackgroundCli:
+    """A regen command run in a thread, so a test can watch what it starts while it runs.
+
+    A fault test that must catch its workers mid-batch cannot wait for ``regen submit`` to return:
+    the submit publishes first and exits later, and on a loaded machine a short run's batches were
+    done before it had (seen: 12 batches in 18 s, the wait for "a running" never true). ``check()``
+    re-raises the command's failure at once, so a predicate that calls it stops the wait.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str], *, timeout_s: float = 300):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(args, env, timeout_s), daemon=True,
+                                        name="background-cli")
+        self._thread.start()
+
+    def _run(self, args, env, timeout_s) -> None:
+        try:
+            run_cli(args, env, timeout_s=timeout_s)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread by check()/join()
+            self._error = e
+
+    def check(self) -> bool:
+        """Raise the command's failure if it failed; False (so ``check() or ...`` reads the rest)."""
+        if self._error is not None:
+            raise self._error
+        return False
+
+    def join(self, timeout_s: float = 300) -> None:
+        """Wait for the command to end; raise its failure."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise AssertionError(f"the background regen command still runs after {timeout_s:.0f} s")
+        self.check()
 
 
 def status_json(env: dict[str, str], run: str, *, via_cli: bool = False) -> dict:
