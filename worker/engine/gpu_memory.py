@@ -5,9 +5,10 @@ memory its engine budgets for weights, activations and KV cache, sized for a car
 processes may share. A regen worker is GPU-pinned: on a card that is empty when its engine starts,
 that engine is the card's only tenant, and every GiB vLLM leaves out is a GiB of KV cache lost.
 Where the cache is the limit (long answers: the seed's regime) more cache is more sequences per
-decode step for the same weight read: on an H200 at the 32B shape, 0.95 gave the cache 6% more
-tokens than 0.92 (291,978 vs 275,248) and ran a whole steady-state benchmark without a fault
-(docs/results/h200-gpu-steady-2026-12-03.txt, run 1).
+decode step for the same weight read: on an H200 at the 32B shape, 0.95 gave the cache 6.2% more
+tokens than 0.92 (292,432 vs 275,264), ran two steady-state benchmarks of 9-11 minutes without a
+fault, and with the admission watermark output 1.22x vLLM's defaults
+(docs/results/h200-gpu-steady-2026-12-03b.txt).
 
 The rule, per visible card: nvidia-smi shows at most ``EMPTY_MIB`` in use (the driver's own) and the
 card has at least ``BIG_GIB`` (where 5% is >= 3.5 GiB outside vLLM's budget, the headroom an H200
