@@ -99,6 +99,7 @@ from bench.farm_workers import (
     SAMPLES_S_PER_GPU,
     WINDOW_SEQS,
     PlayedHeartbeats,
+    batch_states,
     run_figures,
     run_finished,
     start_workers,
@@ -167,6 +168,10 @@ def _warm_up(farm: Farm, run_id: int, procs: int, most_s: float) -> None:
     time.sleep(max(0.0, min(10.0, most_s - (time.monotonic() - start))))
 
 
+def _states(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())) or "none"
+
+
 def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Path) -> Table:
     procs = _procs(gpus, args.procs)
     table = Table(f"{gpus:,} simulated GPUs, full path: {procs} worker processes x {gpus // procs} GPUs, "
@@ -179,11 +184,13 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
             _warm_up(farm, run_id, procs, args.warm_s)
             cpu = Cpu(farm, workers)
             t0 = time.time()
+            states_before = batch_states(farm, run_id)
             with Sampler(farm) as sampler:
                 time.sleep(args.measure_s)
             t1 = time.time()
             cores = cpu.cores()
             exits = [p.poll() for p in workers.procs]
+            states_after = batch_states(farm, run_id)
         finally:
             workers.stop()
     ledger_timing.flush()
@@ -202,6 +209,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
         for k in sorted({0, *(k for k, code in enumerate(exits) if code is not None)})[:3]:
             tail_lines = workers.logs[k].read_text(errors="replace").splitlines()[-15:]
             table.note(f"worker {k}'s log ends:\n    " + "\n    ".join(tail_lines or ["(empty)"]))
+    table.note(f"the run's batches at the window's start -> end: {_states(states_before)} -> {_states(states_after)}")
     table.note(f"heartbeats: {gpus} played statements / 5 s over 122 held batches each, plus the {procs} "
                f"workers' own over their (4/GPU) held sets; {beats.words()}")
     return table

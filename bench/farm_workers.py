@@ -264,6 +264,16 @@ def run_figures(farm: Farm, run_id: int) -> RunFigures:
                       last_finish=float(rows[-1][0]) if rows else 0.0, at=at, completion_tokens=int(tokens))
 
 
+def batch_states(farm: Farm, run_id: int) -> dict[str, int]:
+    """The run's batches by status, read directly (not through the pooler): what the workers had claimed."""
+    engine = make_engine(farm.scratch.settings)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, count(*) FROM batches WHERE run_id = :r GROUP BY status"),
+                            {"r": run_id}).all()
+    engine.dispose()
+    return {str(status): int(n) for status, n in rows}
+
+
 def run_finished(farm: Farm, run_id: int) -> tuple[int, int]:
     """(samples done, samples in the run)."""
     engine = make_engine(farm.scratch.settings)
