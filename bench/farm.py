@@ -203,7 +203,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
     if ended < 0.01 * gpus * SAMPLES_S_PER_GPU * (t1 - t0) or any(code is not None for code in exits):
         # A window in which the engines made (almost) nothing measures nothing: say why, from the workers'
         # own logs. Seen on the lent 16-core machine: 2 answers in 45 s, twice, where this machine's 2 cores
-        # made 18-22% of the farm's rate with the same code, Python and packages (docs/performance.md).
+        # made 14-22% of the farm's rate with the same code, Python and packages (docs/performance.md).
         table.note(f"ALMOST NO ANSWERS or a worker gone: {ended} answers ended; worker exit codes "
                    f"{[code for code in exits]} (None: still running at the window's end)")
         for k in sorted({0, *(k for k, code in enumerate(exits) if code is not None)})[:3]:
