@@ -69,12 +69,19 @@ def _alive(pids: set[int]) -> list[str]:
     return left
 
 
-def _running_batches(admin_dsn: str) -> int:
-    """Batches held by the farm's workers, in the bench's scratch ledger (the session's Postgres: only ours)."""
+def _farm_databases(admin_dsn: str) -> set[str]:
     with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as admin:
-        names = [r[0] for r in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'regen_farm_%'")]
+        return {r[0] for r in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'regen_farm_%'")}
+
+
+def _running_batches(admin_dsn: str, before: set[str]) -> int:
+    """Batches held by the farm's workers, in this bench's scratch ledger: a database not in ``before``.
+
+    A bench killed with SIGKILL cannot drop its database, so on a Postgres that outlives the session
+    (the machine's) an earlier run of this test leaves one, with batches still 'running', which would
+    make the premise true before this bench had started anything (seen)."""
     held = 0
-    for name in names:
+    for name in _farm_databases(admin_dsn) - before:
         dsn = re.sub(r"/[^/?]*(\?|$)", f"/{name}\\1", admin_dsn, count=1)
         try:
             with psycopg.connect(dsn, connect_timeout=5) as conn:
@@ -86,6 +93,7 @@ def _running_batches(admin_dsn: str) -> int:
 
 
 def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer_binary, tmp_path):
+    before = _farm_databases(pg_server.admin_dsn)
     log = open(tmp_path / "bench.log", "wb")
     bench = subprocess.Popen(
         [sys.executable, "-m", "bench.farm", "--gpus", "8", "--samples", "3200", "--warm-s", "120", "--measure-s",
@@ -94,7 +102,7 @@ def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer
     try:
         # The premise: the kill lands while the 8 workers run and hold batches, beside PgBouncer,
         # moto, Redis and the reaper (12 processes at least).
-        wait_for(lambda: _running_batches(pg_server.admin_dsn) > 0, timeout_s=240, interval_s=1.0,
+        wait_for(lambda: _running_batches(pg_server.admin_dsn, before) > 0, timeout_s=240, interval_s=1.0,
                  what="the farm's workers holding batches",
                  on_timeout=lambda: (tmp_path / "bench.log").read_text(errors="replace")[-3000:])
         started = psutil.Process(bench.pid).children(recursive=True)
@@ -112,3 +120,11 @@ def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer
             bench.kill()
             bench.wait()
         log.close()
+        _drop(pg_server.admin_dsn, _farm_databases(pg_server.admin_dsn) - before)  # what the SIGKILL left
+
+
+def _drop(admin_dsn: str, names: set[str]) -> None:
+    """Drop the scratch databases a killed bench could not (its workers are gone by now)."""
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as admin:
+        for name in names:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
