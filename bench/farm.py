@@ -205,7 +205,7 @@ def rate_window(farm: Farm, args, gpus: int, queue: str, run_id: int, timing: Pa
         # own logs. Seen on the lent 16-core machine: 2 answers in 45 s, twice, where this machine's 2 cores
         # made 14-22% of the farm's rate with the same code, Python and packages (docs/performance.md).
         table.note(f"ALMOST NO ANSWERS or a worker gone: {ended} answers ended; worker exit codes "
-                   f"{[code for code in exits]} (None: still running at the window's end)")
+                   f"{exits} (None: still running at the window's end)")
         for k in sorted({0, *(k for k, code in enumerate(exits) if code is not None)})[:3]:
             tail_lines = workers.logs[k].read_text(errors="replace").splitlines()[-15:]
             table.note(f"worker {k}'s log ends:\n    " + "\n    ".join(tail_lines or ["(empty)"]))
