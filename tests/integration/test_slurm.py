@@ -43,6 +43,8 @@ SCRIPT = ROOT / "deploy" / "slurm" / "regen-worker.sbatch"
 SAMPLE = ROOT / "data" / "sample"
 #: Leases and reconciler passes of seconds, so the hard-cancelled job's batches come back within the test.
 FAST_LEASES = "--lease-s 8 --heartbeat-s 2 --reconcile-s 3 --requeue-grace-s 5"
+#: Decode steps per request: each batch lasts seconds, longer than a signal takes to land (see the submit).
+MAX_TOKENS = 256
 #: Two engines on two shared cores, each loading the tiny model: minutes, not seconds.
 JOB_TIMEOUT_S = 600
 
@@ -152,9 +154,12 @@ def test_workers_as_slurm_jobs_survive_preemption_requeue_and_a_hard_cancel(
                                 f"{FAST_LEASES}"}
     jobs = Jobs(slurm, env, tmp_path)
     run, output = "slurm", f"{s3_bucket}/regen/slurm"
-    # Random weights: every request runs to max_tokens, so each batch is a predictable stretch of work.
+    # Random weights: every request runs to max_tokens, so each batch is a predictable stretch of work:
+    # 256 decode steps, ~4 s here. At 64 (~1 s) the test lost its premise both ways: on an idle machine
+    # every batch held at the SIGTERM committed before the signal landed, and under CI's load the array
+    # task whose engine was up first ran the whole rest of the run before the other's engine was ready.
     run_cli(["submit", str(SAMPLE), "--run", run, "--model", str(tiny_model), "--output", output,
-             "--batch-size", "8", "--max-tokens", "64", "--seed", "3",
+             "--batch-size", "8", "--max-tokens", str(MAX_TOKENS), "--seed", "3",
              "--quality-thresholds", '{"gate_overridden": true}'], cli_env(settings, s3_env))
     expected = {r["sample_id"] for r in input_rows(ObjectStore(), output)}
     assert len(expected) == 290

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from worker.engine.gpu_memory import BIG_GIB, EMPTY_MIB, SHARE_ALONE, gpu_cards, memory_share
-from worker.engine.host import REGEN_GPU_CHOICES, engine_defaults
+from worker.engine.gpu_memory import BIG_GIB, EMPTY_MIB, SHARE_ALONE, Card, gpu_cards, memory_share
+from worker.engine.host import REGEN_GPU_CHOICES, engine_defaults, expected_max_num_seqs
 
 H200 = 143771.0  # MiB, as nvidia-smi reports an H200's memory.total
 
@@ -34,18 +34,22 @@ def test_engine_defaults_take_the_share_on_gpus_and_never_on_the_cpu():
     assert {"watermark", "gpu_memory_utilization"} <= set(REGEN_GPU_CHOICES) <= set(chosen)
 
 
-@pytest.fixture
-def nvidia_smi(tmp_path, monkeypatch):
-    """A stand-in nvidia-smi on PATH that prints what a real one prints and records its arguments."""
+def _stand_in(tmp_path, monkeypatch, lines: str):
+    """A stand-in nvidia-smi on PATH that prints ``lines`` as a real one does and records its arguments."""
     script = tmp_path / "nvidia-smi"
-    script.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "143771, 4\\n143771, 61234\\n"\n')
+    script.write_text(f'#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "{lines}"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     return tmp_path / "args"
 
 
+@pytest.fixture
+def nvidia_smi(tmp_path, monkeypatch):
+    return _stand_in(tmp_path, monkeypatch, "143771, 4, NVIDIA H200\\n143771, 61234, NVIDIA H200\\n")
+
+
 def test_gpu_cards_reads_each_visible_card(nvidia_smi):
-    assert gpu_cards(cuda_visible="2,3") == [(143771.0, 4.0), (143771.0, 61234.0)]
+    assert gpu_cards(cuda_visible="2,3") == [Card(143771.0, 4.0, "NVIDIA H200"), Card(143771.0, 61234.0, "NVIDIA H200")]
     assert "-i 2,3" in nvidia_smi.read_text()
     assert gpu_cards(cuda_visible="") is None  # no card visible: nothing to size
 
@@ -53,3 +57,16 @@ def test_gpu_cards_reads_each_visible_card(nvidia_smi):
 def test_gpu_cards_without_nvidia_smi_is_unknown(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpu_cards(cuda_visible="0") is None
+    assert expected_max_num_seqs({}, cuda_visible="0") == 256  # vLLM's smaller default: held batches err low
+
+
+@pytest.mark.parametrize(("line", "seqs"), [
+    ("143771, 4, NVIDIA H200", 1024),                 # vLLM's offline default on big cards
+    ("81920, 4, NVIDIA A100-SXM4-80GB", 256),         # ... except the A100
+    ("49140, 4, NVIDIA L40S", 256),                   # a small card
+    ("183359, 4, NVIDIA B200", 1024),
+])
+def test_expected_max_num_seqs_reads_the_first_visible_card(tmp_path, monkeypatch, line, seqs):
+    args = _stand_in(tmp_path, monkeypatch, line + "\\n")
+    assert expected_max_num_seqs({}, cuda_visible="5,6") == seqs
+    assert "-i 5 " in args.read_text() + " "  # only the first card: vLLM sizes by the card it runs on

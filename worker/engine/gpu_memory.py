@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import NamedTuple
 
 #: The share asked for on a card the engine has to itself.
 SHARE_ALONE = 0.95
@@ -30,10 +31,22 @@ EMPTY_MIB = 1024
 BIG_GIB = 70
 
 
-def gpu_cards(cuda_visible: str | None = None) -> list[tuple[float, float]] | None:
-    """(total MiB, used MiB) of each visible card, by nvidia-smi; None where it cannot tell."""
+class Card(NamedTuple):
+    """One GPU as nvidia-smi reports it: what the engine's share and vLLM's batch defaults depend on."""
+
+    total_mib: float
+    used_mib: float
+    name: str = ""
+
+
+def gpu_cards(cuda_visible: str | None = None) -> list[Card] | None:
+    """Each visible card, read by one nvidia-smi query; None where it cannot tell.
+
+    The one place regen asks the driver about its cards: the share of the card (below) and the
+    max_num_seqs vLLM will pick (worker/engine/host.py) both read it.
+    """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible is None else cuda_visible
-    query = ["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]
+    query = ["nvidia-smi", "--query-gpu=memory.total,memory.used,name", "--format=csv,noheader,nounits"]
     if visible is not None:
         ids = [v.strip() for v in visible.split(",") if v.strip()]
         if not ids:
@@ -41,16 +54,20 @@ def gpu_cards(cuda_visible: str | None = None) -> list[tuple[float, float]] | No
         query[1:1] = ["-i", ",".join(ids)]
     try:
         out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-        cards = [tuple(float(x) for x in line.split(",")) for line in out.strip().splitlines() if line.strip()]
+        cards = []
+        for line in out.strip().splitlines():
+            if line.strip():
+                total, used, *name = (x.strip() for x in line.split(",", 2))
+                cards.append(Card(float(total), float(used), name[0] if name else ""))
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return [(total, used) for total, used in cards] or None
+    return cards or None
 
 
-def memory_share(cards: list[tuple[float, float]] | None) -> dict[str, float]:
+def memory_share(cards: list[Card] | list[tuple[float, float]] | None) -> dict[str, float]:
     """``{"gpu_memory_utilization": SHARE_ALONE}`` when every card is big and empty, else ``{}`` (vLLM's)."""
     if not cards:
         return {}
-    if all(total >= BIG_GIB * 1024 and used <= EMPTY_MIB for total, used in cards):
+    if all(card[0] >= BIG_GIB * 1024 and card[1] <= EMPTY_MIB for card in cards):
         return {"gpu_memory_utilization": SHARE_ALONE}
     return {}

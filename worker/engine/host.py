@@ -17,7 +17,6 @@ import gc
 import itertools
 import logging
 import os
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from ledger.errors import RegenError
 from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
-from worker.engine.gpu_memory import gpu_cards, memory_share
+from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.loop import LoopHost
 from worker.engine.occupancy import REPORT_S, OccupancySampler
@@ -70,7 +69,7 @@ GPU_ENGINE_ARGS: dict[str, Any] = {"watermark": 0.01}
 REGEN_GPU_CHOICES = (*GPU_ENGINE_ARGS, "gpu_memory_utilization")
 
 
-def engine_defaults(on_cpu: bool, *, cards: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+def engine_defaults(on_cpu: bool, *, cards: list[Card] | list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """regen's engine settings under the user's ``--engine-arg``s.
 
     On GPUs regen sets no limits of its own: the engine is built as vLLM's offline
@@ -98,14 +97,10 @@ def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | No
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if cuda_visible is None else cuda_visible
     if not visible.strip():
         return int(CPU_ENGINE_ARGS["max_num_seqs"])
-    first = visible.split(",")[0].strip()
-    try:
-        out = subprocess.run(["nvidia-smi", "-i", first, "--query-gpu=memory.total,name",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
-                             check=True).stdout.strip().splitlines()[0]
-        mib, name = (x.strip() for x in out.split(",", 1))
-    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+    cards = gpu_cards(visible.split(",")[0].strip())
+    if not cards:
         return 256  # nvidia-smi cannot tell: vLLM's smaller default, held batches err low
+    mib, name = cards[0].total_mib, cards[0].name
     big = float(mib) >= 160 * 1024 or (float(mib) >= 70 * 1024 and "a100" not in name.lower())
     return 1024 if big else 256
 
