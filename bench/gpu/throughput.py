@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -377,26 +378,45 @@ def vllm_defaults(settings: dict, user: dict, *, on_cpu: bool) -> dict:
     return {k: v for k, v in settings.items() if k not in REGEN_GPU_CHOICES or k in user}
 
 
+def worker_kv_tokens(log: str) -> int:
+    """The KV cache a worker's engine was built with, from its "engine ready" line (0 if it has none)."""
+    m = re.search(r"engine ready: .*?KV cache (\d+) tokens", log)
+    return int(m.group(1)) if m else 0
+
+
 def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:
-    """Per phase: the bandwidth bound at its measured concurrency (--engine-stats), and at what the cache holds."""
+    """Per phase: the bandwidth bound at its measured concurrency (--engine-stats), and at what its cache holds.
+
+    Each phase is bounded by its own engine's cache: regen's 0.95 of the card builds a larger one than
+    vLLM's 0.92 (worker/engine/gpu_memory.py). A phase whose cache is unknown gets no capacity line,
+    never another phase's."""
     shape = Shape.from_config(model)
-    ref = next((details[k] for k in ("a", "a2") if k in details and details[k].get("kv_tokens")), None)
     lines = ["", f"the bandwidth bound (bench/gpu/bound.py): {shape.params / 1e9:.1f} B parameters, "
                  f"{shape.weight_bytes / 1e9:.1f} GB of weights and {shape.kv_bytes_per_token / 1024:.0f} KiB of KV "
                  "a token read per decode step"]
-    if ref is not None:
-        kv, moments = ref["kv_tokens"], ref["moments"]
-        fits = kv / moments.footprint()
+    moments = next((d["moments"] for d in details.values() if d.get("moments") is not None), None)
+    if moments is None:
+        lines.append("the cache's capacity: not known (the workload's footprint comes from a bare phase's "
+                     "rendered prompts, (a) or (a2), and none ran)")
+    else:
         lines.append(f"workload: a request in the engine holds ~{moments.footprint():,.0f} tokens of cache "
-                     f"(length-biased); the {kv:,}-token cache holds ~{fits:.0f} of them:")
-        for label, tok_s in rates.items():
-            lines.append(f"({label}) at the cache's capacity: {bound_line(shape, fits, kv, tok_s)}")
+                     "(length-biased)")
+    for label, tok_s in rates.items():
+        kv = details.get(label, {}).get("kv_tokens") or 0
+        if moments is None:
+            break
+        if not kv:
+            lines.append(f"({label}) at the cache's capacity: not known (its engine did not report its KV cache)")
+            continue
+        fits = kv / moments.footprint()
+        lines.append(f"({label}) at the cache's capacity ({kv:,} tokens hold ~{fits:.0f} of them): "
+                     f"{bound_line(shape, fits, kv, tok_s)}")
     for label, tok_s in rates.items():
         sched = details.get(label, {}).get("scheduler")
-        if sched is not None and getattr(sched, "steps", 0) and ref is not None:
+        kv = details.get(label, {}).get("kv_tokens") or 0
+        if sched is not None and getattr(sched, "steps", 0) and kv:
             running, used = sched.running / sched.steps, sched.kv / sched.steps
-            lines.append(f"({label}) at its measured concurrency: "
-                         f"{bound_line(shape, running, used * ref['kv_tokens'], tok_s)}")
+            lines.append(f"({label}) at its measured concurrency: {bound_line(shape, running, used * kv, tok_s)}")
     for label, tok_s in rates.items():
         lines.append(f"({label}) {seed_hours_line(tok_s)}")
     return lines
@@ -429,7 +449,8 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
                 c for w in _frontends(system) for c in _engine_cores(w))}})
         with GpuSampler() as gpu:
             result: WorkerRun = system.run(label)
-        DETAILS[label] = {"lengths": result.lengths, "cut": result.cut, "scheduler": result.scheduler}
+        DETAILS[label] = {"lengths": result.lengths, "cut": result.cut, "scheduler": result.scheduler,
+                          "kv_tokens": worker_kv_tokens(system.worker.log_tail(10**9))}
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
         notes = (f"{steady_note(result.steady_tok_s, result.profile)}; "

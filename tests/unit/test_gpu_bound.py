@@ -36,3 +36,25 @@ def test_a_burst_too_small_to_fill_the_cache_is_told_apart():
     peak, at = peak_live_tokens([100] * 384, [1000] * 384)
     assert (peak, at) == (384 * 1075, 975)
     assert LengthMoments.of([100] * 384, [1000] * 384).footprint() == pytest.approx(600)
+
+
+def test_each_phase_is_bounded_by_its_own_cache(tmp_path):
+    # 2026-12-04's figure of record printed (b)'s bound with (a)'s 275,248-token cache, while (b)'s engine,
+    # at 0.95 of the card, had a larger one: a label it had not measured. Each phase now brings its own.
+    from bench.gpu.throughput import bound_lines, worker_kv_tokens
+
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_32B_SHAPES, "vocab_size": 1000}))
+    log = ("INFO worker.engine.host: engine ready: /m (vllm 0.26.0, max_model_len 8192, max_num_seqs 1024, "
+           "KV cache 292432 tokens); settings chosen: engine args watermark=0.01\n")
+    assert worker_kv_tokens(log) == 292_432
+    assert worker_kv_tokens("INFO something else\n") == 0
+    moments = LengthMoments.of([100] * 10, [1000] * 10)
+    details = {"a": {"kv_tokens": 275_248, "moments": moments}, "b": {"kv_tokens": worker_kv_tokens(log)},
+               "c": {"kv_tokens": 0}}
+    text = "\n".join(bound_lines(str(tmp_path), details, {"a": 2637.0, "b": 2984.0, "c": 900.0}))
+    assert "(a) at the cache's capacity (275,248 tokens" in text
+    assert "(b) at the cache's capacity (292,432 tokens" in text
+    assert "(c) at the cache's capacity: not known" in text
+    # Without a bare phase the footprint is unknown, and no phase gets a capacity line.
+    text = "\n".join(bound_lines(str(tmp_path), {"b": details["b"]}, {"b": 2984.0}))
+    assert "at the cache's capacity (" not in text and "not known" in text

@@ -149,8 +149,11 @@ class EngineHost(LoopHost):
         # up to 1.9 s (worker/engine/occupancy.py's lag). vLLM freezes its own processes the same way.
         gc.collect()
         gc.freeze()
-        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d); settings chosen: %s",
-                 self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.settings_note())
+        # The cache's size is printed because it, not max_num_seqs, bounds a long-answer run (docs/performance.md,
+        # "The seed's regime"); bench/gpu/throughput.py reads it back to bound each phase by its own cache.
+        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d, KV cache %d tokens); settings chosen: %s",
+                 self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.kv_cache_tokens,
+                 self.settings_note())
 
     async def _build(self) -> None:
         import vllm
