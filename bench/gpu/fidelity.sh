@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The fidelity suites on the GPU machine's vLLM (CUDA 0.26.0), not the CPU build's 0.32 that CI runs (issue 31,
+# item 7): prompt ids against a fresh rendering, loss masks, parsed calls, multi-turn conversations continued past
+# spliced tool results, thinking on and off, for regen's template, the published families' and gpt-oss's Harmony.
+# A difference between the two vLLM versions' parsers or engine APIs shows up here and not in CI.
+#
+# usage on the GPU machine, carrying vllm026-sm90.tar.xz and deps.tar.xz (and their .sha256):
+#   . bench/gpu/unpack.sh >/dev/null && bash bench/gpu/fidelity.sh [pytest args]
+# or, being longer than one call (the tiny models train there first, on the CPU: their cache key names the
+# torch and transformers versions, so this machine's cached ones do not apply), through detached.sh:
+#   . bench/gpu/unpack.sh >/dev/null && bash bench/gpu/detached.sh start 570 bash bench/gpu/fidelity.sh
+# Writes $OUT/fidelity-gpu.txt: the versions it ran on, then pytest's report (-rs names every skip; the export
+# tests' drafter trainers, specforge and speculators, are not in the carry and skip there). Exit: pytest's.
+set -uo pipefail
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp}
+export REGEN_CACHE_DIR=${REGEN_CACHE_DIR:-/tmp/regen-cache}   # the tiny models, built once per machine
+cd "$(dirname "$0")/../.."
+{
+  "$PY" - <<'PYEOF'
+import importlib, subprocess
+for name in ("vllm", "torch", "transformers", "openai_harmony"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name} {getattr(mod, '__version__', '(no version)')}")
+    except ImportError as e:
+        print(f"{name}: not importable ({e})")
+try:
+    print(subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30).stdout.strip() or "nvidia-smi: no GPU listed")
+except (OSError, subprocess.TimeoutExpired) as e:
+    print(f"nvidia-smi: {e}")
+PYEOF
+  "$PY" -m pytest -p no:cacheprovider -q -rs --durations=15 tests/integration/test_fidelity.py \
+    tests/integration/test_family_fidelity.py tests/integration/test_harmony_fidelity.py "$@"
+} 2>&1 | tee "$OUT/fidelity-gpu.txt"
+exit "${PIPESTATUS[0]}"
