@@ -17,6 +17,9 @@ engines do not share an H200 without shrinking each one's KV cache):
     GPU (worker/engine/host.py's ``engine_defaults``: the admission watermark): how much of (b)'s
     gain over (a) is the settings and how much the system (issue 31). ``--skip a2`` leaves it out.
 
+``--candidate KEY=VALUE`` (repeatable) prices a setting before it becomes regen's default: it
+replaces regen's own in (b), (c), (a2) and the estimate, and (a) stays at vLLM's defaults.
+
 At the end, per phase: the memory-bandwidth bound (bench/gpu/bound.py) at what the KV cache
 holds of this workload and, with ``--engine-stats``, at the phase's measured concurrency, the
 phase's share of it, and the seed's 1.37 B output tokens in H200-hours at its rate.
@@ -384,6 +387,20 @@ def worker_kv_tokens(log: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def phase_settings(engine_arg: list[str], candidate: list[str], *, on_cpu: bool) -> tuple[dict, dict, dict]:
+    """The workers' extra engine args, the settings of regen's phases, and (a)'s.
+
+    ``--engine-arg`` reaches every engine; a ``--candidate`` only regen's phases, over regen's own
+    default, so (a) stays at vLLM's defaults and the one invocation's ratio prices the candidate."""
+    from worker.engine.args import parse_engine_args
+
+    user = parse_engine_args(engine_arg)
+    common = {"max_model_len": 8192, **({} if on_cpu else {"load_format": "dummy"}), **user}
+    extra = {**common, **parse_engine_args(candidate)}
+    return extra, engine_args(extra, on_cpu=on_cpu), vllm_defaults(engine_args(common, on_cpu=on_cpu), user,
+                                                                   on_cpu=on_cpu)
+
+
 def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:
     """Per phase: the bandwidth bound at its measured concurrency (--engine-stats), and at what its cache holds.
 
@@ -502,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-tokens", type=float, default=400.0, help="mean of the lognormal output budget")
     p.add_argument("--max-tokens", type=int, default=4096, help="cap of the output budget (the run's max_tokens)")
     p.add_argument("--engine-arg", action="append", default=[], help="for every engine, (a) and the workers alike")
+    p.add_argument("--candidate", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine arg for regen's phases only ((b), (c), (a2), (e)), over regen's default: a "
+                        "candidate default, priced against (a) at vLLM's defaults in the same invocation")
     p.add_argument("--skip", default="",
                    help="phases to skip, comma-separated, e.g. c or a,c (b,c: bare alone, in a call of its own)")
     p.add_argument("--keep-logs", default=os.environ.get("OUT"), help="copy each worker's log here (default: $OUT)")
@@ -525,13 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.engine_stats:
         os.environ[STATS_ENV] = "1"  # the bare engine here and, through the environment, every worker
-    from worker.engine.args import parse_engine_args
-
     started = time.perf_counter()
     on_cpu = args.gpus == "none"
-    extra = {"max_model_len": 8192, **({} if on_cpu else {"load_format": "dummy"}), **parse_engine_args(args.engine_arg)}
-    settings = engine_args(extra, on_cpu=on_cpu)
-    bare_settings = vllm_defaults(settings, parse_engine_args(args.engine_arg), on_cpu=on_cpu)
+    extra, settings, bare_settings = phase_settings(args.engine_arg, args.candidate, on_cpu=on_cpu)
     rows = throughput_rows(args.prompts, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
     budgets = [r["max_tokens"] for r in rows]
     config = run_config(args.model, args.max_tokens, ignore_eos=args.ignore_eos)
@@ -539,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
           f"budgets lognormal: mean {statistics.mean(budgets):.0f}, median {statistics.median(budgets):.0f}, "
           f"max {max(budgets)}; batches of {args.batch_size}; ignore_eos "
           f"{'on' if args.ignore_eos else 'off (the dummy weights end early at random; --ignore-eos)'}")
-    print(f"engine settings of (b), (c), (a2) (regen's defaults + the benchmark's): {json.dumps(settings)}; "
+    print(f"engine settings of (b), (c), (a2) (regen's defaults + the benchmark's"
+          f"{' + the candidate' if args.candidate else ''}): {json.dumps(settings)}; "
           f"of (a) (vLLM's defaults + the benchmark's): {json.dumps(bare_settings)}", flush=True)
     results: list[tuple[str, str, int, float, str]] = []  # label, what, tokens, seconds, notes
     with tempfile.TemporaryDirectory(prefix="regen-gpu-bench-") as work, \
