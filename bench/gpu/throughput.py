@@ -418,10 +418,8 @@ def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -
     else:
         lines.append(f"workload: a request in the engine holds ~{moments.footprint():,.0f} tokens of cache "
                      "(length-biased)")
-    for label, tok_s in rates.items():
+    for label, tok_s in rates.items() if moments is not None else ():
         kv = details.get(label, {}).get("kv_tokens") or 0
-        if moments is None:
-            break
         if not kv:
             lines.append(f"({label}) at the cache's capacity: not known (its engine did not report its KV cache)")
             continue
