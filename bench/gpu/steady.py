@@ -153,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     original_preempt = scheduler._preempt_request
     original_schedule = scheduler.schedule
 
-    def counting_preempt(request, timestamp):
+    def counting_preempt(request, timestamp, *args, **kwargs):
+        # Passes through what the scheduler gives: 0.32 added drop_stale_output= to 0.26's (request, timestamp).
         nonlocal preemptions
         preemptions += 1
-        return original_preempt(request, timestamp)
+        return original_preempt(request, timestamp, *args, **kwargs)
 
     def counting_schedule(*a, **kw):
         nonlocal scheduled_tokens

@@ -116,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         live.apply(settings)
         bare.llm.reset_prefix_cache()
 
-        def counting_preempt(request, timestamp, _t=trial):
+        def counting_preempt(request, timestamp, *args, _t=trial, **kwargs):
+            # Passes through what the scheduler gives: 0.32 added drop_stale_output= to 0.26's (request, timestamp).
             _t.preemptions += 1
-            return original_preempt(request, timestamp)
+            return original_preempt(request, timestamp, *args, **kwargs)
 
         finished: list[tuple[float, int]] = []
 
