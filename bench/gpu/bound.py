@@ -19,6 +19,9 @@ from pathlib import Path
 
 #: Bytes per second, the H200 SXM's datasheet figure.
 H200_BANDWIDTH = 4.8e12
+#: What a CPU smoke run prints where a GPU run prints the bound and the seed's H200-hours: both are an
+#: H200's figures, and a CPU run measures neither.
+CPU_NO_BOUND = "no H200 bound or H200-hours: a CPU smoke run"
 #: bf16.
 DTYPE_BYTES = 2
 

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tries = args.tries or ["default", "fill=1.0", "default"]
 
-    from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.prompts import throughput_rows
 
@@ -265,15 +265,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.scheduled / s.seconds if s.seconds else 0:,.0f} | {s.preemptions * per_min:,.0f} | "
               f"{s.finished * per_min:,.0f} | {s.debt[0][0]} ({s.debt[0][1]:,} tok) -> {s.debt[1][0]} "
               f"({s.debt[1][1]:,} tok) | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
-              f"{bound_line(shape, running, live, s.tok_s)} |")
+              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, live, s.tok_s)} |")
     defaults = [s.tok_s for s in segments if s.label == "default"]
     if defaults:
         spread = (max(defaults) - min(defaults)) / (sum(defaults) / len(defaults))
         print(f"\nthe `default` segments: {', '.join(f'{x:,.0f}' for x in defaults)} tok/s (spread {spread:.1%}: "
               "a difference smaller than that is noise)")
         best = max(segments, key=lambda s: s.tok_s)
-        print(f"best: {best.label} ({best.tok_s:,.0f} tok/s): {seed_hours_line(best.tok_s)}; defaults' mean: "
-              f"{seed_hours_line(sum(defaults) / len(defaults))}")
+        print(f"best: {best.label} ({best.tok_s:,.0f} tok/s)" + (
+            f"; {CPU_NO_BOUND}" if args.cpu else
+            f": {seed_hours_line(best.tok_s)}; defaults' mean: {seed_hours_line(sum(defaults) / len(defaults))}"))
     print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
     bare.shutdown()
     return 0

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
-    from bench.gpu.bound import Shape, bound_line, seed_hours_line
+    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.prompts import throughput_rows
     from bench.system_run import steady_tok_s
@@ -159,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         steady = f"{t.steady:,.0f}" if t.steady else "-"
         print(f"| {t.label} | {t.cap} | {t.watermark} | {t.tok_s:,.0f} | {t.tok_s / first:.3f} | {steady} | "
               f"{t.preemptions:,} | {running:.0f} | {used:.0%} | "
-              f"{bound_line(shape, running, used * kv_tokens, t.steady or t.tok_s)} |")
+              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, used * kv_tokens, t.steady or t.tok_s)} |")
     best = max(trials, key=lambda t: t.tok_s) if trials else None
     if best is not None:
-        print(f"\nbest: {best.label} ({best.tok_s:,.0f} tok/s); {seed_hours_line(best.tok_s)}; "
-              f"first: {seed_hours_line(first)}")
+        # An H200's bound and H200-hours from a CPU run would be figures nobody measured.
+        print(f"\nbest: {best.label} ({best.tok_s:,.0f} tok/s)" + (
+            f"; {CPU_NO_BOUND}" if args.cpu else f"; {seed_hours_line(best.tok_s)}; first: {seed_hours_line(first)}"))
     print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
     bare.shutdown()
     return 0
