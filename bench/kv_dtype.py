@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from bench.throughput import KV_CACHE_GIB, BareEngine, engine_args
     from producer.run_config import build_run_config
+    from worker.engine.args import parse_engine_args
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)  # vLLM's CPU build only: its cache, GiB
-    from worker.engine.args import parse_engine_args
 
     model = args.model
     if model is None:
@@ -159,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in ("auto", args.fp8):
         engine = BareEngine(model, {**base, "kv_cache_dtype": dtype})
         prompts, params = engine.requests(rows, sampling)
-        cache = engine.llm.llm_engine.vllm_config.cache_config
-        print(f"kv_cache_dtype={dtype}: KV cache {int(cache.num_gpu_blocks or 0) * int(cache.block_size):,} tokens",
-              flush=True)
+        print(f"kv_cache_dtype={dtype}: KV cache {engine.kv_tokens:,} tokens", flush=True)
         runs.append(generate(f"kv_cache_dtype={dtype}", engine, prompts, params))
         if dtype == "auto":
             runs.append(generate("kv_cache_dtype=auto, again (the control)", engine, prompts, params))

@@ -132,6 +132,13 @@ class BareEngine:
         #: vLLM's scheduler stats over each run (REGEN_ENGINE_STATS=1), else None.
         self.stats = attach_to_llm(self.llm) if stats_wanted() else None
 
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV cache holds, as vLLM sized it: what the worker reads of its own (worker/engine/host.py)."""
+        from worker.engine.host import _kv_tokens
+
+        return _kv_tokens(self.llm.llm_engine)
+
     def requests(self, rows: list[dict], run_sampling: dict) -> tuple[list[dict], list]:
         from transformers import AutoTokenizer
         from vllm import SamplingParams

@@ -101,7 +101,7 @@ class LiveEngine:
 
     @property
     def kv_tokens(self) -> int:
-        return int(self.cache.num_gpu_blocks or 0) * int(self.cache.block_size)
+        return self.bare.kv_tokens
 
     def moments(self):
         from worker.engine.sizing import LengthMoments

@@ -345,8 +345,7 @@ def bare_phase(args, model: str, settings: dict, rows: list[dict], config,
     prompts, params = bare.requests(rows, config.as_record())
     bare.run("warm-up", prompts[:64], params[:64])
     sched = bare.llm.llm_engine.vllm_config.scheduler_config
-    cache = bare.llm.llm_engine.vllm_config.cache_config
-    kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+    kv_tokens = bare.kv_tokens
     print(f"    loaded and warmed up in {time.perf_counter() - t0:.0f} s; max_num_seqs {sched.max_num_seqs}, "
           f"batched tokens {sched.max_num_batched_tokens}, KV cache {kv_tokens:,} tokens", flush=True)
     cpu0 = sum(psutil.Process().cpu_times()[:2])
