@@ -92,6 +92,24 @@ def start_date() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
+#: The wheels that provide the ``openai_harmony`` module: vLLM 0.32's (the vocabulary compiled in) and
+#: vLLM 0.26's, which reads o200k_base.tiktoken from ``TIKTOKEN_ENCODINGS_BASE`` or downloads it.
+HARMONY_DISTRIBUTIONS = ("oss-harmony", "openai-harmony")
+
+
+def harmony_library() -> tuple[str, str]:
+    """(distribution, version) of the installed Harmony wheel, for rows' parser record and build keys."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in HARMONY_DISTRIBUTIONS:
+        try:
+            return name, version(name)
+        except PackageNotFoundError:
+            continue
+    raise ConfigError(f"no Harmony wheel is installed (one of {', '.join(HARMONY_DISTRIBUTIONS)}): "
+                      "gpt-oss targets need it (vLLM depends on one)")
+
+
 # --- worker: rendering ------------------------------------------------------------------------
 
 
@@ -231,12 +249,7 @@ class HarmonyTurnParser:
     one_call_per_action = True
 
     def __init__(self, *, reasoning: str | None = HARMONY_PARSERS[0], tool: str | None = HARMONY_PARSERS[1]):
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            library = f"oss-harmony {version('oss-harmony')}"
-        except PackageNotFoundError:
-            library = f"openai-harmony {version('openai-harmony')}"
+        library = " ".join(harmony_library())
         self.description = {"reasoning": reasoning, "tool": tool, "by": library, "chat_format": HARMONY}
         # Reasoning tokens are counted by channel, not by an end-of-thought id.
         self.think_end_id = None

@@ -7,9 +7,13 @@
 #                        server, pruned by prune_deps.py
 #   py-spy.xz            py-spy's static binary (from its PyPI wheel; 1.9 MiB xz'd, 7.7 MiB unpacked), for
 #                        bench/gpu/throughput.py --py-spy (bench/gpu/README.md)
+#   o200k_base.tiktoken.xz  the vocabulary file vLLM 0.26's openai-harmony would download (1.1 MiB), for the
+#                        Harmony fidelity suite (fidelity.sh); rebuilt from the CPU build's oss-harmony by
+#                        harmony_vocab.py with regen's .venv (skipped, with a line saying so, without one)
 #   *.sha256             what unpack.sh compares with its markers
-# Each archive is built only if missing or out of date (--force rebuilds both); then prints the sizes of
-# one call (working tree + .gpu-carry) against the limit.
+# Each archive is built only if missing or out of date (--force rebuilds both); then prints what a call
+# carries against the limit: the working tree, vLLM and the deps, and each optional part (py-spy, the
+# vocabulary, a model config) as one more. Not all of them fit one call together.
 # On the GPU machine: carry [".gpu-carry"], start the command with `. bench/gpu/unpack.sh &&`.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -99,16 +103,32 @@ else
   echo "== py-spy: built already"
 fi
 
-# What one call carries: the working tree (tracked + untracked-not-ignored files) plus .gpu-carry.
+VOCAB=$OUT/o200k_base.tiktoken.xz
+VENV_PY=${REGEN_PYTHON:-$REPO/.venv/bin/python}
+if [ -f "$VOCAB" ] && [ $FORCE = 0 ]; then
+  echo "== Harmony vocabulary: built already"
+elif [ -x "$VENV_PY" ]; then
+  echo "== Harmony vocabulary (o200k_base.tiktoken, from oss-harmony)"
+  (cd "$REPO" && "$VENV_PY" -m bench.gpu.harmony_vocab "$VOCAB")
+else
+  echo "== Harmony vocabulary: skipped ($VENV_PY missing: make install first); the Harmony fidelity suite needs it"
+fi
+
+# What a call carries: the working tree (tracked + untracked-not-ignored files), vLLM and the deps (every
+# call), and what that call's command needs besides.
+size() { { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{s+=$1} END {print s+0}'; }
+mib() { awk -v b="$1" 'BEGIN{printf "%.2f", b/1048576}'; }
 tree=$(cd "$REPO" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
        xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s+=$1} END {print s+0}')
-carry=$(find "$OUT" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
-total=$((tree + carry))
-echo "== sizes"
-for f in "$OUT"/*.tar.xz; do printf '  %-24s %11d B  %6.2f MiB\n' "$(basename "$f")" "$(stat -c %s "$f")" \
-  "$(echo "$(stat -c %s "$f")" | awk '{print $1/1048576}')"; done
-printf '  %-24s %11d B  %6.2f MiB\n' ".gpu-carry (all files)" "$carry" "$(awk -v b="$carry" 'BEGIN{print b/1048576}')"
-printf '  %-24s %11d B  %6.2f MiB\n' "repo working tree" "$tree" "$(awk -v b="$tree" 'BEGIN{print b/1048576}')"
-printf '  %-24s %11d B  %6.2f MiB  (limit %d B = 64 MiB; %s)\n' "one call" "$total" \
-  "$(awk -v b="$total" 'BEGIN{print b/1048576}')" "$LIMIT" \
-  "$( [ $total -le $LIMIT ] && echo "fits, $(( (LIMIT - total) / 1024 )) KiB to spare" || echo "DOES NOT FIT")"
+core=$(size "$OUT"/vllm026-sm90.tar.xz* "$OUT"/deps.tar.xz*)
+base=$((tree + core))
+verdict() { [ "$1" -le $LIMIT ] && echo "fits, $(( (LIMIT - $1) / 1024 )) KiB to spare" || echo "DOES NOT FIT"; }
+echo "== sizes (limit $LIMIT B = 64 MiB a call)"
+for f in "$OUT"/*.tar.xz; do printf '  %-28s %11d B  %6s MiB\n' "$(basename "$f")" "$(stat -c %s "$f")" "$(mib "$(stat -c %s "$f")")"; done
+printf '  %-28s %11d B  %6s MiB\n' "repo working tree" "$tree" "$(mib "$tree")"
+printf '  %-28s %11d B  %6s MiB  (%s)\n' "tree + vLLM + deps" "$base" "$(mib "$base")" "$(verdict "$base")"
+for extra in "$OUT"/py-spy.xz "$VOCAB" "$OUT"/*/; do
+  [ -e "$extra" ] || continue
+  add=$(size "$extra" "$extra".sha256)
+  printf '  %-28s %11d B  %6s MiB  (%s)\n' "  + $(basename "$extra")" "$add" "$(mib "$add")" "$(verdict $((base + add)))"
+done

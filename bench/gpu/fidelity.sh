@@ -4,7 +4,8 @@
 # spliced tool results, thinking on and off, for regen's template, the published families' and gpt-oss's Harmony.
 # A difference between the two vLLM versions' parsers or engine APIs shows up here and not in CI.
 #
-# usage on the GPU machine, carrying vllm026-sm90.tar.xz and deps.tar.xz (and their .sha256):
+# usage on the GPU machine, carrying vllm026-sm90.tar.xz and deps.tar.xz (and their .sha256), and
+# o200k_base.tiktoken.xz for the Harmony suite (below):
 #   . bench/gpu/unpack.sh >/dev/null && bash bench/gpu/fidelity.sh [pytest args]
 # or, being longer than one call (the tiny models train there first, on the CPU: their cache key names the
 # torch and transformers versions, so this machine's cached ones do not apply), through detached.sh:
@@ -16,6 +17,20 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp}
 export REGEN_CACHE_DIR=${REGEN_CACHE_DIR:-/tmp/regen-cache}   # the tiny models, built once per machine
 cd "$(dirname "$0")/../.."
+# vLLM 0.26's openai-harmony downloads o200k_base.tiktoken on first use; this machine has no network. With
+# .gpu-carry/o200k_base.tiktoken.xz carried (bench/gpu/harmony_vocab.py), it reads the file from here.
+VOCAB=.gpu-carry/o200k_base.tiktoken.xz
+if [ -z "${TIKTOKEN_ENCODINGS_BASE:-}" ] && [ -f "$VOCAB" ]; then
+  export TIKTOKEN_ENCODINGS_BASE=/tmp/regen-tiktoken
+  mkdir -p "$TIKTOKEN_ENCODINGS_BASE" && "$PY" -c "import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" \
+    "$VOCAB" > "$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken"
+fi
+# The suites build their tiny models in the pytest process, then start engines in it. On the H200 (2026-12-04)
+# every engine core vLLM forked from that process failed "CUDA error: initialization error": something in the
+# process had touched CUDA without torch counting it as initialized, so vLLM kept its default fork. spawn starts
+# the engine core clean. A worker (`regen worker`) trains nothing and touches no CUDA before its engine, and
+# forks fine (every GPU run of the whole system).
+export VLLM_WORKER_MULTIPROC_METHOD=${VLLM_WORKER_MULTIPROC_METHOD:-spawn}
 {
   "$PY" - <<'PYEOF'
 import importlib, subprocess
@@ -31,6 +46,7 @@ try:
 except (OSError, subprocess.TimeoutExpired) as e:
     print(f"nvidia-smi: {e}")
 PYEOF
+  echo "TIKTOKEN_ENCODINGS_BASE=${TIKTOKEN_ENCODINGS_BASE:-(not set)} VLLM_WORKER_MULTIPROC_METHOD=$VLLM_WORKER_MULTIPROC_METHOD"
   "$PY" -m pytest -p no:cacheprovider -q -rs --durations=15 tests/integration/test_fidelity.py \
     tests/integration/test_family_fidelity.py tests/integration/test_harmony_fidelity.py "$@"
 } 2>&1 | tee "$OUT/fidelity-gpu.txt"

@@ -164,13 +164,13 @@ def test_every_prompt_is_harmonys_reference_encoding_and_masks_are_exact(harmony
 
 
 def test_each_turn_is_read_by_harmonys_parser_and_rows_say_so(harmony_run):
-    from targets.harmony import encoding
+    from targets.harmony import HARMONY_DISTRIBUTIONS, encoding
 
     _, _, rows = harmony_run
     enc = encoding()
     thoughts = 0
     for row, message, event in _events(rows):
-        assert row["parser"]["chat_format"] == "harmony" and row["parser"]["by"].startswith("oss-harmony")
+        assert row["parser"]["chat_format"] == "harmony" and row["parser"]["by"].startswith(HARMONY_DISTRIBUTIONS)
         generated = enc.decode(event["completion_token_ids"])
         # Part by part: the parser joins a turn's messages of one channel with a newline.
         for part in (message.get("reasoning_content") or "", message.get("content") or ""):

@@ -293,3 +293,19 @@ def test_harmony_loads_its_vocabulary_with_no_network_and_no_cache(tmp_path):
     out = subprocess.run(["unshare", "-n", sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[200006, 173781]"
+
+
+def test_the_harmony_library_is_named_by_the_wheel_that_provides_it():
+    """Rows and the tiny model's build key name the installed wheel: oss-harmony with vLLM 0.32 (here),
+    openai-harmony with the GPU's vLLM 0.26, whose build key once asked for oss-harmony and failed there."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from targets.harmony import HARMONY_DISTRIBUTIONS, HarmonyTurnParser, harmony_library
+
+    name, got = harmony_library()
+    assert name in HARMONY_DISTRIBUTIONS
+    assert got == version(name)
+    for earlier in HARMONY_DISTRIBUTIONS[:HARMONY_DISTRIBUTIONS.index(name)]:
+        with pytest.raises(PackageNotFoundError):
+            version(earlier)
+    assert HarmonyTurnParser().description["by"] == f"{name} {got}"

@@ -248,7 +248,10 @@ def build_key(family: str, variant: str, seed: int) -> str:
     if family == "gpt_oss":  # Harmony's vocabulary and renderings (the wheel's version is in the key below)
         for path in (here / "harmony_model.py", here.parents[1] / "targets" / "harmony.py"):
             digest.update(path.read_bytes())
-        versions["oss-harmony"] = importlib.metadata.version("oss-harmony")
+        from targets.harmony import harmony_library
+
+        name, version = harmony_library()  # oss-harmony here and in CI, openai-harmony on the GPU's vLLM 0.26
+        versions[name] = version
     digest.update(spec.template_path.read_bytes())
     digest.update(json.dumps({"family": family, "variant": variant, "seed": seed, **versions},
                              sort_keys=True).encode())
