@@ -16,6 +16,9 @@ that vLLM's scheduler reads at every step are changed on its live objects:
 - ``watermark=W``: the share of KV blocks kept free when admitting (``watermark`` engine arg);
 - ``default``: vLLM's defaults as built.
 
+``--profile-steps N`` adds a kernel profile of N steps of the first try, ``--profile-at`` seconds in
+(bench/gpu/step_profile.py): where a step's time goes once the scheduler's settings are spent.
+
 The prefix cache is reset between runs (the same prompts would otherwise prefill for free).
 Each run prints its rate, its middle-60% rate, its ratio to the first run, vLLM's
 preemptions, the mean running count and KV-cache use over its steps, and the bandwidth bound
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--try", dest="tries", action="append", default=[], help="settings of one run (repeatable)")
     p.add_argument("--engine-arg", action="append", default=[])
     p.add_argument("--cpu", action="store_true", help="a smoke run on vLLM's CPU build (the tiny model)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="in the first try, a kernel profile of N engine steps, summed by kind (bench/gpu/step_profile.py)")
+    p.add_argument("--profile-at", type=float, default=90.0, metavar="S",
+                   help="seconds into the first try the profile starts (default 90: the cache full by then)")
     args = p.parse_args(argv)
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
@@ -135,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             return outputs
 
         scheduler._preempt_request = counting_preempt
-        engine.step = timed_step
+        profiler = None
+        if args.profile_steps and not trials:
+            from bench.gpu.step_profile import StepProfiler
+
+            profiler = StepProfiler(steps=args.profile_steps, at_s=args.profile_at, on_device=not args.cpu,
+                                    running=lambda: len(scheduler.running))
+            profiler.arm()
+        engine.step = profiler.wrap(timed_step) if profiler else timed_step
         print(f"[{label}] cap {cap}, watermark {watermark}: running", flush=True)
         start, wall0 = time.perf_counter(), time.time()
         try:
@@ -144,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             del engine.step
             scheduler._preempt_request = original_preempt
         trial.seconds = time.perf_counter() - start
+        if profiler is not None:
+            from bench.gpu.step_profile import summarize
+
+            profiler.finish()
+            print(f"[{label}] " + (summarize(profiler.result) if profiler.result else
+                                   f"step profile: the run ended before {args.profile_at:.0f} s"), flush=True)
         trial.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         trial.steady = steady_tok_s(finished, wall0, wall0 + trial.seconds)
         trials.append(trial)
