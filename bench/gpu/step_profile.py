@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-#: Kernel kinds, first match wins (names are matched lower-cased). Attention before GEMM: FlashAttention's
-#: kernels' names hold "gemm"-like words on some builds; the sampler's top-k/top-p before "softmax".
+#: Kernel kinds, first match wins (names are matched lower-cased). Attention first: FlashAttention's kernels'
+#: names hold GEMM-like words on some builds, and the sampler's softmax is not attention's.
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("attention", re.compile(r"flash|fmha|attn|attention|paged|reshape_and_cache|unified_attention|mla")),
+    ("attention", re.compile(r"flash|fmha|attn|attention|paged|reshape_and_cache|unified_attention|"
+                             r"(^|[^a-z])mla([^a-z]|$)")),
+    # Sorts, cumulative sums and softmaxes of a decode step are the sampler's top-p (attention's softmax is
+    # inside its own kernels).
     ("sampler", re.compile(r"topk|top_k|topp|top_p|sampl|temperature|argmax|multinomial|gumbel|penalt|"
-                           r"logits|exponential")),
-    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|\bmm\b|aten::mm|aten::addmm|aten::linear|"
+                           r"logits|exponential|sort|cumsum|softmax")),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|\bmm\b|_mm\b|onednn|aten::addmm|aten::linear|"
                         r"wgmma|sm90_|splitk")),
     ("communication", re.compile(r"nccl|all_reduce|allreduce|all_gather")),
     # Before "memory": inductor fuses the norms and activations with their casts (triton_red_fused__to_copy_...).
