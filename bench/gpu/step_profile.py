@@ -104,19 +104,29 @@ def summarize(profile: StepProfile, *, top: int = 12) -> str:
 def kernel_times(events: Iterable, *, on_device: bool) -> dict[str, tuple[float, int]]:
     """(microseconds, calls) by name from ``profiler.key_averages()``: device time of kernels, or on the
     CPU build the operators' own (self) CPU time."""
+    events = list(events)
+
+    def add(out: dict[str, tuple[float, int]], e, us: float) -> None:
+        prev = out.get(e.key, (0.0, 0))
+        out[e.key] = (prev[0] + us, prev[1] + int(getattr(e, "count", 1) or 1))
+
     out: dict[str, tuple[float, int]] = {}
+    if not on_device:
+        for e in events:
+            if (us := float(getattr(e, "self_cpu_time_total", 0) or 0)) > 0:
+                add(out, e, us)
+        return out
+    # Kernels and copies only: an operator's row (aten::mm) would count its kernel's time twice. A torch whose
+    # rows carry no device type falls back to every row with device time (the summary then says it is all).
+    any_device_time = {}
     for e in events:
-        if on_device:
-            # Kernels and copies only: an operator's row (aten::mm) would count its kernel's time twice.
-            if not str(getattr(e, "device_type", "")).upper().endswith("CUDA"):
-                continue
-            us = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
-        else:
-            us = float(getattr(e, "self_cpu_time_total", 0) or 0)
-        if us > 0:
-            prev = out.get(e.key, (0.0, 0))
-            out[e.key] = (prev[0] + us, prev[1] + int(getattr(e, "count", 1) or 1))
-    return out
+        us = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+        if us <= 0:
+            continue
+        add(any_device_time, e, us)
+        if str(getattr(e, "device_type", "")).upper().endswith("CUDA"):
+            add(out, e, us)
+    return out or any_device_time
 
 
 class StepProfiler:

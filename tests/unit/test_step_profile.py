@@ -92,3 +92,16 @@ def test_a_device_profile_that_covers_little_of_the_wall_says_graph_replays_may_
     assert "kernels cover only 2% of the wall" in summarize(sparse)
     dense = StepProfile(steps=4, wall_s=0.2, kernels={"flash_fwd_kernel": (150_000.0, 256)})
     assert "kernels cover only" not in summarize(dense)
+
+
+def test_device_rows_count_kernels_once_not_their_operators_too():
+    from types import SimpleNamespace as Row
+
+    from bench.gpu.step_profile import kernel_times
+
+    rows = [Row(key="aten::mm", device_type="DeviceType.CPU", self_device_time_total=900.0, count=2),
+            Row(key="sm90_xmma_gemm_bf16", device_type="DeviceType.CUDA", self_device_time_total=900.0, count=2),
+            Row(key="_topk_topp_kernel", device_type="DeviceType.CUDA", self_device_time_total=50.0, count=1)]
+    assert kernel_times(rows, on_device=True) == {"sm90_xmma_gemm_bf16": (900.0, 2), "_topk_topp_kernel": (50.0, 1)}
+    untyped = [Row(key="k", device_type="", self_device_time_total=10.0, count=1)]
+    assert kernel_times(untyped, on_device=True) == {"k": (10.0, 1)}
