@@ -6,8 +6,9 @@ watermark in a whole burst"). Scheduler settings no longer move it, so the next 
 kernels the other half goes to: decode attention over 16-token pages, the GEMMs at M≈182, the
 sampler, the norms and activations, or the GPU waiting on the host between kernels. This is asked
 of a live in-process engine (bench.gpu.sweep loads one with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-so the model runs in this process and torch's profiler sees its kernels, CUDA-graph replays
-included) during a run, once the cache is full.
+so the model runs in this process and torch's profiler sees its kernels; whether it sees those inside
+CUDA-graph replays is not measured yet, and the summary warns when the kernels cover little of the
+wall) during a run, once the cache is full.
 
 ``StepProfiler`` wraps ``engine.step``: from ``at_s`` seconds into the run it records ``steps``
 steps with ``torch.profiler`` and then summarises them. ``summarize`` is pure (kernel names and
@@ -79,7 +80,8 @@ def summarize(profile: StepProfile, *, top: int = 12) -> str:
     per_step_ms = profile.wall_s * 1e3 / profile.steps
     by_kind: dict[str, float] = {}
     for name, (us, _) in profile.kernels.items():
-        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + us
+        kind = kind_of(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us
     where = "GPU kernels" if profile.on_device else "CPU operators (vLLM's CPU build: no device kernels)"
     lines = [f"step profile: {profile.steps} steps in {profile.wall_s:.2f} s = {per_step_ms:.1f} ms a step, "
              f"{profile.running_mean:.0f} running on average; {where}, summed over the window:",
