@@ -25,9 +25,9 @@ if [ -z "${TIKTOKEN_ENCODINGS_BASE:-}" ] && [ -f "$VOCAB" ]; then
   mkdir -p "$TIKTOKEN_ENCODINGS_BASE" && "$PY" -c "import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" \
     "$VOCAB" > "$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken"
 fi
-# The suites build their tiny models in the pytest process, then start engines in it. On the H200 (2026-12-04)
-# every engine core vLLM forked from that process failed "CUDA error: initialization error": something in the
-# process had touched CUDA without torch counting it as initialized, so vLLM kept its default fork. spawn starts
+# The suites start their engines in the pytest process, after building tiny models (regen's trained one in that
+# process). On the H200 (2026-12-04) every engine core vLLM forked from it failed "CUDA error: initialization
+# error": something there had touched CUDA without torch counting it as initialized, so vLLM kept its default fork. spawn starts
 # the engine core clean. A worker (`regen worker`) trains nothing and touches no CUDA before its engine, and
 # forks fine (every GPU run of the whole system).
 export VLLM_WORKER_MULTIPROC_METHOD=${VLLM_WORKER_MULTIPROC_METHOD:-spawn}
