@@ -18,6 +18,8 @@ that vLLM's scheduler reads at every step are changed on its live objects:
 
 ``--profile-steps N`` adds a kernel profile of N steps of the first try, ``--profile-at`` seconds in
 (bench/gpu/step_profile.py): where a step's time goes once the scheduler's settings are spent.
+``--profile-only`` ends the sweep once that profile is taken: the profile costs ~2.5 minutes of a
+768-request burst instead of its ~6, where device time is the scarce thing.
 
 The prefix cache is reset between runs (the same prompts would otherwise prefill for free).
 Each run prints its rate, its middle-60% rate, its ratio to the first run, vLLM's
@@ -30,6 +32,7 @@ bench.gpu.throughput does, with the settings chosen here.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -51,6 +54,20 @@ class Trial:
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class ProfileTaken(Exception):
+    """Raised out of ``LLM.generate`` by ``--profile-only`` once the profile's window has closed."""
+
+
+def _stop_after(profiler, step):
+    def step_then_stop():
+        outputs = step()
+        if profiler.result is not None:
+            raise ProfileTaken
+        return outputs
+
+    return step_then_stop
 
 
 def peak_live_tokens(prompt_lens: list[int], budgets: list[int]) -> tuple[int, int]:
@@ -81,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="in the first try, a kernel profile of N engine steps, summed by kind (bench/gpu/step_profile.py)")
     p.add_argument("--profile-at", type=float, default=90.0, metavar="S",
                    help="seconds into the first try the profile starts (default 90: the cache full by then)")
+    p.add_argument("--profile-only", action="store_true",
+                   help="stop once the profile is taken: no rates, no further tries (needs --profile-steps)")
     args = p.parse_args(argv)
+    if args.profile_only and not args.profile_steps:
+        p.error("--profile-only needs --profile-steps N")
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
     from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
@@ -150,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
                                     running=lambda: len(scheduler.running))
             profiler.arm()
         engine.step = profiler.wrap(timed_step) if profiler else timed_step
+        if profiler is not None and args.profile_only:
+            engine.step = _stop_after(profiler, engine.step)
         print(f"[{label}] cap {cap}, watermark {watermark}: running", flush=True)
         start, wall0 = time.perf_counter(), time.time()
+        stopped = False
         try:
             outputs = bare.llm.generate(prompts, params, use_tqdm=False)
+        except ProfileTaken:
+            stopped, outputs = True, []
         finally:
             del engine.step
             scheduler._preempt_request = original_preempt
@@ -164,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
             profiler.finish()
             print(f"[{label}] " + (summarize(profiler.result) if profiler.result else
                                    f"step profile: the run ended before {args.profile_at:.0f} s"), flush=True)
+        if stopped:
+            # The burst's requests are still in the engine: the process ends here rather than drain them. No rate is
+            # printed for a run cut short (its tokens so far would be its ramp's, not a figure to compare).
+            print(f"[{label}] stopped after the profile, {trial.seconds:.0f} s in ({trial.preemptions:,} preemptions "
+                  f"so far); wall time {time.perf_counter() - t0:.0f} s", flush=True)
+            sys.stdout.flush()
+            os._exit(0)
         trial.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         trial.steady = steady_tok_s(finished, wall0, wall0 + trial.seconds)
         trials.append(trial)

@@ -105,3 +105,16 @@ def test_device_rows_count_kernels_once_not_their_operators_too():
     assert kernel_times(rows, on_device=True) == {"sm90_xmma_gemm_bf16": (900.0, 2), "_topk_topp_kernel": (50.0, 1)}
     untyped = [Row(key="k", device_type="", self_device_time_total=10.0, count=1)]
     assert kernel_times(untyped, on_device=True) == {"k": (10.0, 1)}
+
+
+def test_profile_only_stops_the_run_at_the_step_that_closes_the_window_not_before():
+    from bench.gpu.sweep import ProfileTaken, _stop_after
+
+    calls = []
+    profiler = StepProfiler(steps=3, at_s=0.0, running=lambda: 1, on_device=False)
+    profiler.arm()
+    step = _stop_after(profiler, profiler.wrap(lambda: calls.append(1) or ["out"]))
+    assert step() == ["out"] and step() == ["out"]  # inside the window: the run goes on
+    with pytest.raises(ProfileTaken):
+        step()
+    assert len(calls) == 3 and profiler.result is not None and profiler.result.steps == 3

@@ -1,0 +1,61 @@
+"""Build the tiny models the fidelity suites use into the model cache, before the suites run (issue 31, item 7).
+
+    CUDA_VISIBLE_DEVICES= REGEN_CACHE_DIR=/tmp/regen-cache python3 -m bench.gpu.prebuild_tiny [--jobs 3]
+
+On a fresh GPU machine the suites spend ~8 of their ~15 minutes building eight tiny models on the CPU (their
+cache key names torch's and transformers' versions, so no model built elsewhere applies), one after another,
+while the GPU waits. Started beside a GPU benchmark (bench/gpu/fidelity.sh --prebuild), the builds take none
+of the device time: the suites then find every model in the cache. The builds see no GPU (the caller empties
+CUDA_VISIBLE_DEVICES): a benchmark's engine beside them keeps the card to itself, and the trained model is
+the one a CPU machine's tests build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+#: (family, variant) of every model the three fidelity suites ask for: regen's own (qwen3), the six published
+#: families of test_family_fidelity.py, and gpt-oss (test_harmony_fidelity.py).
+FIDELITY_MODELS = (("qwen3", "trained"), ("llama3", "trained"), ("deepseek_r1", "trained"), ("glm45", "trained"),
+                   ("kimi_k2", "trained"), ("mistral", "trained"), ("magistral", "trained"), ("gpt_oss", "trained"))
+
+
+def build_one(family: str, variant: str, threads: int) -> tuple[str, float]:
+    import torch
+
+    torch.set_num_threads(threads)
+    from worker.tiny.family_model import build_tiny_model
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny_model(Path(tmp) / family, variant=variant, family=family)  # fills the cache; the copy goes
+    return family, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.prebuild_tiny", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=3, help="builds at once (default 3)")
+    p.add_argument("--threads", type=int, default=3, help="torch threads a build (default 3)")
+    args = p.parse_args(argv)
+    t0, failed = time.perf_counter(), 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(build_one, f, v, args.threads): f for f, v in FIDELITY_MODELS}
+        for future in as_completed(futures):
+            try:
+                family, seconds = future.result()
+                print(f"prebuild_tiny: {family} built in {seconds:.0f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - each failure named; the suite builds that one itself
+                failed += 1
+                print(f"prebuild_tiny: {futures[future]} FAILED: {type(e).__name__}: {e}", flush=True)
+    print(f"prebuild_tiny: {len(FIDELITY_MODELS) - failed} of {len(FIDELITY_MODELS)} built in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
