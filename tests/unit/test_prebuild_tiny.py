@@ -1,0 +1,12 @@
+"""bench/gpu/prebuild_tiny.py builds every tiny model the fidelity suites ask for, so a GPU run finds them all built."""
+
+from __future__ import annotations
+
+
+def test_the_prebuild_list_covers_every_family_the_fidelity_suites_build():
+    from bench.gpu.prebuild_tiny import FIDELITY_MODELS
+    from tests.integration.test_family_fidelity import CASES
+
+    built = set(FIDELITY_MODELS)
+    asked = {(case.family, "trained") for case in CASES} | {("qwen3", "trained"), ("gpt_oss", "trained")}
+    assert asked <= built, sorted(asked - built)
