@@ -31,7 +31,7 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # inside its own kernels).
     ("sampler", re.compile(r"topk|top_k|topp|top_p|sampl|temperature|argmax|multinomial|gumbel|penalt|"
                            r"logits|exponential|sort|cumsum|softmax")),
-    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|\bmm\b|_mm\b|onednn|aten::addmm|aten::linear|"
+    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|\bmm\b|_mm\b|onednn|aten::addmm|aten::linear|packed_linear|"
                         r"wgmma|sm90_|splitk")),
     ("communication", re.compile(r"nccl|all_reduce|allreduce|all_gather")),
     # Before "memory": inductor fuses the norms and activations with their casts (triton_red_fused__to_copy_...).

@@ -20,6 +20,7 @@ from bench.gpu.step_profile import StepProfile, StepProfiler, kind_of, summarize
     ("flash_mla_fwd_kernel", "attention"),
     ("void vllm::rms_norm_kernel_NormLayer", "norm, rotary, activation"),
     ("_C::onednn_mm", "gemm"),
+    ("_C::weight_packed_linear", "gemm"),
     ("_temperature_kernel", "sampler"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
     ("Memcpy HtoD (Pinned -> Device)", "memory"),
