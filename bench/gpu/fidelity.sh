@@ -59,7 +59,8 @@ PYEOF
   # the card while the family and Harmony suites start theirs. On the CPU build the cache is a fixed 1 GiB
   # (TEST_ENGINE_ENV), which is why CI can run them together.
   worst=0
-  for suite in test_fidelity test_family_fidelity test_harmony_fidelity; do
+  # FIDELITY_SUITES: which suites, in which order (all three by default), for a call short of device time.
+  for suite in ${FIDELITY_SUITES:-test_fidelity test_family_fidelity test_harmony_fidelity}; do
     echo "== tests/integration/$suite.py"
     "$PY" -m pytest -p no:cacheprovider -q -rs --durations=10 "tests/integration/$suite.py" "$@"
     rc=$?
