@@ -10,3 +10,10 @@ def test_the_prebuild_list_covers_every_family_the_fidelity_suites_build():
     built = set(FIDELITY_MODELS)
     asked = {(case.family, "trained") for case in CASES} | {("qwen3", "trained"), ("gpt_oss", "trained")}
     assert asked <= built, sorted(asked - built)
+
+
+def test_regens_own_model_the_longest_build_gets_half_the_cores_and_the_families_their_share():
+    from bench.gpu.prebuild_tiny import LEAD, threads_for
+
+    assert threads_for(LEAD, 8, 1) == 4 and threads_for("llama3", 8, 1) == 1
+    assert threads_for(LEAD, 2, 1) == 1  # never below what a family gets
