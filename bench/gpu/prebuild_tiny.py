@@ -20,13 +20,22 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-#: (family, variant) of every model the three fidelity suites ask for: regen's own (qwen3), the six published
-#: families of test_family_fidelity.py, and gpt-oss (test_harmony_fidelity.py).
-FIDELITY_MODELS = (("qwen3", "trained"), ("llama3", "trained"), ("deepseek_r1", "trained"), ("glm45", "trained"),
-                   ("kimi_k2", "trained"), ("mistral", "trained"), ("magistral", "trained"), ("gpt_oss", "trained"))
+#: The longest build: regen's trained model (463 s on one thread of the 2-core dev machine, where each family took
+#: 73-118 s). It goes first and gets half the cores it is given, the families one thread each, so all end about
+#: together.
+LEAD = "qwen3"
 
 
-def build_one(family: str, variant: str, threads: int) -> tuple[str, float]:
+def fidelity_families() -> list[str]:
+    """Every family of worker/tiny/families.py, the longest build first: the three suites build each one's
+    trained model (regen's own in test_fidelity.py, gpt-oss in test_harmony_fidelity.py, the rest in
+    test_family_fidelity.py), so a family added there is prebuilt too."""
+    from worker.tiny.families import SPECS
+
+    return sorted(SPECS, key=lambda family: family != LEAD)
+
+
+def build_one(family: str, threads: int) -> tuple[str, float]:
     import torch
 
     torch.set_num_threads(threads)
@@ -34,13 +43,8 @@ def build_one(family: str, variant: str, threads: int) -> tuple[str, float]:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        build_tiny_model(Path(tmp) / family, variant=variant, family=family)  # fills the cache; the copy goes
+        build_tiny_model(Path(tmp) / family, variant="trained", family=family)  # fills the cache; the copy goes
     return family, time.perf_counter() - t0
-
-
-#: The longest build: regen's trained model (463 s on one thread of the 2-core dev machine, where each family took
-#: 73-118 s). It gets half the cores it is given, the families one thread each, so all end about together.
-LEAD = "qwen3"
 
 
 def threads_for(family: str, cores: int, threads: int) -> int:
@@ -49,15 +53,15 @@ def threads_for(family: str, cores: int, threads: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.prebuild_tiny", description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=len(FIDELITY_MODELS), help="builds at once (default: all of them)")
+    p.add_argument("--jobs", type=int, default=0, help="builds at once (default: all of them)")
     p.add_argument("--threads", type=int, default=1, help="torch threads a family's build (default 1)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores to share (default: those this process may run on); regen's own model gets half")
     args = p.parse_args(argv)
+    families = fidelity_families()
     t0, failed = time.perf_counter(), 0
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(build_one, f, v, threads_for(f, args.cores, args.threads)): f
-                   for f, v in FIDELITY_MODELS}
+    with ProcessPoolExecutor(max_workers=args.jobs or len(families)) as pool:
+        futures = {pool.submit(build_one, f, threads_for(f, args.cores, args.threads)): f for f in families}
         for future in as_completed(futures):
             try:
                 family, seconds = future.result()
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - each failure named; the suite builds that one itself
                 failed += 1
                 print(f"prebuild_tiny: {futures[future]} FAILED: {type(e).__name__}: {e}", flush=True)
-    print(f"prebuild_tiny: {len(FIDELITY_MODELS) - failed} of {len(FIDELITY_MODELS)} built in "
+    print(f"prebuild_tiny: {len(families) - failed} of {len(families)} built in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if failed else 0
 

@@ -195,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             # printed for a run cut short (its tokens so far would be its ramp's, not a figure to compare).
             print(f"[{label}] stopped after the profile, {trial.seconds:.0f} s in ({trial.preemptions:,} preemptions "
                   f"so far); wall time {time.perf_counter() - t0:.0f} s", flush=True)
-            sys.stdout.flush()
             os._exit(0)
         trial.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         trial.steady = steady_tok_s(finished, wall0, wall0 + trial.seconds)
