@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
+    from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
     from bench.system_run import steady_tok_s
 
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         start, wall0 = time.perf_counter(), time.time()
         stopped = False
         try:
-            outputs = bare.llm.generate(prompts, params, use_tqdm=False)
+            with GpuSampler() as gpu:  # the card's memory peak: how much of regen's headroom the run used
+                outputs = bare.llm.generate(prompts, params, use_tqdm=False)
         except ProfileTaken:
             stopped, outputs = True, []
         finally:
@@ -194,13 +196,13 @@ def main(argv: list[str] | None = None) -> int:
             # The burst's requests are still in the engine: the process ends here rather than drain them. No rate is
             # printed for a run cut short (its tokens so far would be its ramp's, not a figure to compare).
             print(f"[{label}] stopped after the profile, {trial.seconds:.0f} s in ({trial.preemptions:,} preemptions "
-                  f"so far); wall time {time.perf_counter() - t0:.0f} s", flush=True)
+                  f"so far); {gpu.summary()}; wall time {time.perf_counter() - t0:.0f} s", flush=True)
             os._exit(0)
         trial.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         trial.steady = steady_tok_s(finished, wall0, wall0 + trial.seconds)
         trials.append(trial)
         print(f"[{label}] {trial.tokens:,} tokens in {trial.seconds:.1f} s = {trial.tok_s:,.0f} tok/s; "
-              f"{trial.preemptions:,} preemptions", flush=True)
+              f"{trial.preemptions:,} preemptions; {gpu.summary()}", flush=True)
 
     first = trials[0].tok_s if trials else 0.0
     print("\n| try | cap | watermark | tok/s | / first | steady (20-80%) | preemptions | running (mean) | "

@@ -68,6 +68,7 @@ from pathlib import Path
 import psutil
 
 from bench.gpu.bound import Shape, bound_line, seed_hours_line
+from bench.gpu.smi import GpuSampler
 from bench.lengths import distribution_lines
 from bench.prompts import throughput_rows, write_jsonl
 from bench.scratch import scratch_services
@@ -82,43 +83,6 @@ from worker.engine.stats import STATS_ENV
 
 #: What each phase generated and what vLLM's scheduler did in it, for the side-by-side lines at the end.
 DETAILS: dict[str, dict] = {}
-
-
-class GpuSampler:
-    """``nvidia-smi`` utilisation per GPU, once a second, while the block runs."""
-
-    def __init__(self):
-        self.samples: dict[str, list[int]] = {}
-        self._proc: subprocess.Popen | None = None
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> GpuSampler:
-        with contextlib.suppress(OSError):
-            self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
-                                           "--format=csv,noheader,nounits", "-lms", "1000"],
-                                          stdout=subprocess.PIPE, text=True)
-            self._thread = threading.Thread(target=self._read, daemon=True)
-            self._thread.start()
-        return self
-
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) >= 2 and parts[1].isdigit():
-                self.samples.setdefault(parts[0], []).append(int(parts[1]))
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(5)
-
-    def summary(self) -> str:
-        if not self.samples:
-            return "no nvidia-smi samples"
-        return "; ".join(f"GPU {gpu}: mean {statistics.mean(v):.0f}% busy, {sum(x >= 50 for x in v)}/{len(v)} "
-                         f"samples at 50% or more" for gpu, v in sorted(self.samples.items()))
 
 
 class PySpy:

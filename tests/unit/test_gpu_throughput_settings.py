@@ -18,3 +18,18 @@ def test_without_a_candidate_regens_phases_get_regens_defaults():
     # What the user sets for every engine, (a) keeps even where it is one of regen's own choices.
     _, settings, bare = phase_settings(["watermark=0.05"], [], on_cpu=False)
     assert settings["watermark"] == bare["watermark"] == 0.05
+
+
+def test_the_gpu_sampler_reports_the_memory_peak_beside_the_busy_share():
+    from bench.gpu.smi import GpuSampler
+
+    gpu = GpuSampler()
+    for line in ("0, 90, 120000, 143771", "0, 100, 136512, 143771", "0, 40, 131000, 143771", "0, [N/A], 1, 2"):
+        gpu.record(line)
+    summary = gpu.summary()
+    assert "mean 77% busy, 2/3 samples at 50% or more" in summary  # the [N/A] line counted nowhere
+    assert "peak 136,512 of 143,771 MiB in use (95.0%; 7.1 GiB never used)" in summary
+    # An nvidia-smi that gives no memory columns still gives the busy share, and no memory claim.
+    old = GpuSampler()
+    old.record("1, 55")
+    assert old.summary() == "GPU 1: mean 55% busy, 1/1 samples at 50% or more"
