@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
+    from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
 
     rows = throughput_rows(args.rows, seed=0, mean_tokens=args.mean_tokens, max_tokens=args.max_tokens)
@@ -235,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
                                             default_cap=default_cap, default_batched=default_batched))
             apply(seg)
             start = time.perf_counter()
-            run_for(args.segment, seg, measure_from=start + args.settle * args.segment)
+            with GpuSampler() as gpu:  # the card's memory peak: what the engine used beyond its budget, if anything
+                run_for(args.segment, seg, measure_from=start + args.settle * args.segment)
             segments.append(seg)
             print(f"[{seg.label}] cap {seg.cap}, watermark {seg.watermark}, batched {seg.batched}, "
                   f"{'held back' if held else 'whole cache'}: {seg.tokens:,} tokens in {seg.seconds:.0f} s = "
                   f"{seg.tok_s:,.0f} tok/s; {seg.preemptions:,} preemptions; running {time_mean(seg.running):.0f}; "
                   f"preempted and waiting: {seg.debt[0][0]} ({seg.debt[0][1]:,} tokens) -> {seg.debt[1][0]} "
-                  f"({seg.debt[1][1]:,} tokens)",
+                  f"({seg.debt[1][1]:,} tokens); {gpu.summary()}",
                   flush=True)
     finally:
         scheduler._preempt_request = original_preempt
