@@ -7,6 +7,8 @@
 #                        server, pruned by prune_deps.py
 #   py-spy.xz            py-spy's static binary (from its PyPI wheel; 1.9 MiB xz'd, 7.7 MiB unpacked), for
 #                        bench/gpu/throughput.py --py-spy (bench/gpu/README.md)
+#   mistral.tar.xz       ijson, mistral_common and what it imports, pruned (0.6 MiB): vLLM 0.26's mistral parsers,
+#                        for the mistral and magistral fidelity cases (a call without the Harmony vocabulary)
 #   o200k_base.tiktoken.xz  the vocabulary file vLLM 0.26's openai-harmony would download (1.1 MiB), for the
 #                        Harmony fidelity suite (fidelity.sh); rebuilt from the CPU build's oss-harmony by
 #                        harmony_vocab.py with regen's .venv (skipped, with a line saying so, without one)
@@ -103,6 +105,34 @@ else
   echo "== py-spy: built already"
 fi
 
+# Mistral's parsers (optional: the mistral and magistral fidelity cases). vLLM 0.26's mistral tool parser imports
+# ijson, its reasoning parser mistral_common (through vllm/tokenizers/mistral.py), and mistral_common imports
+# jsonschema and pydantic-extra-types' language codes (pycountry) at import time. vLLM's wheel requires ijson and
+# mistral_common, so a node that pip-installed vLLM has them; the vLLM bundle above holds only what the LLM path
+# imports. Pruned to fit beside tree + vLLM + deps: mistral_common's data/ (36 MB of Mistral's own tokenizer
+# files; the tiny models bring their own tokenizer), pycountry's locales (22 MB of translations; the language codes
+# are in databases/), test folders. About 0.6 MiB; it does not fit beside the Harmony vocabulary, so the Mistral
+# cases run in a call of their own (bench/gpu/README.md). Versions as resolved for cp312 on 2026-12-05.
+MISTRAL="ijson==3.6.0 mistral_common==1.13.1 pydantic-extra-types==2.11.1 pycountry==26.2.16 jsonschema==4.26.0
+jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
+MSTAMP=$(echo "$MISTRAL" | stamp -)
+if stale mistral.tar.xz "$MSTAMP"; then
+  echo "== Mistral's parser packages (ijson, mistral_common and what it imports)"
+  rm -f "$OUT/mistral.tar.xz"*
+  # shellcheck disable=SC2086
+  "$PY" -m pip download -q --no-deps $PLAT -d "$W/mwhl" $MISTRAL
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/msite" $PLAT "$W"/mwhl/*.whl
+  rm -rf "$W"/msite/mistral_common/data/* "$W"/msite/pycountry/locales "$W"/msite/*/tests "$W"/msite/jsonschema/benchmarks \
+    "$W"/msite/bin "$W"/msite/*.dist-info/RECORD
+  find "$W/msite" -name '*.so' -exec strip --strip-unneeded {} +
+  tar -C "$W/msite" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | $XZ > "$OUT/mistral.tar.xz"
+  sha256sum "$OUT/mistral.tar.xz" | cut -d' ' -f1 > "$OUT/mistral.tar.xz.sha256"
+  echo "$MSTAMP" > "$OUT/mistral.tar.xz.inputs"
+else
+  echo "== Mistral's parser packages: built already"
+fi
+
 VOCAB=$OUT/o200k_base.tiktoken.xz
 VENV_PY=${REGEN_PYTHON:-$REPO/.venv/bin/python}
 if [ -f "$VOCAB" ] && [ $FORCE = 0 ]; then
@@ -127,7 +157,7 @@ echo "== sizes (limit $LIMIT B = 64 MiB a call)"
 for f in "$OUT"/*.tar.xz; do printf '  %-28s %11d B  %6s MiB\n' "$(basename "$f")" "$(stat -c %s "$f")" "$(mib "$(stat -c %s "$f")")"; done
 printf '  %-28s %11d B  %6s MiB\n' "repo working tree" "$tree" "$(mib "$tree")"
 printf '  %-28s %11d B  %6s MiB  (%s)\n' "tree + vLLM + deps" "$base" "$(mib "$base")" "$(verdict "$base")"
-for extra in "$OUT"/py-spy.xz "$VOCAB" "$OUT"/*/; do
+for extra in "$OUT"/py-spy.xz "$VOCAB" "$OUT"/mistral.tar.xz "$OUT"/*/; do
   [ -e "$extra" ] || continue
   add=$(size "$extra" "$extra".sha256)
   printf '  %-28s %11d B  %6s MiB  (%s)\n' "  + $(basename "$extra")" "$add" "$(mib "$add")" "$(verdict $((base + add)))"

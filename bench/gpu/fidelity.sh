@@ -4,8 +4,8 @@
 # spliced tool results, thinking on and off, for regen's template, the published families' and gpt-oss's Harmony.
 # A difference between the two vLLM versions' parsers or engine APIs shows up here and not in CI.
 #
-# usage on the GPU machine, carrying vllm026-sm90.tar.xz and deps.tar.xz (and their .sha256), and
-# o200k_base.tiktoken.xz for the Harmony suite (below):
+# usage on the GPU machine, carrying vllm026-sm90.tar.xz and deps.tar.xz (and their .sha256),
+# o200k_base.tiktoken.xz for the Harmony suite (below) and mistral.tar.xz for the mistral and magistral cases:
 #   . bench/gpu/unpack.sh >/dev/null && bash bench/gpu/fidelity.sh [pytest args]
 # or, being longer than one call (the tiny models train there first, on the CPU: their cache key names the
 # torch and transformers versions, so this machine's cached ones do not apply), through detached.sh:
