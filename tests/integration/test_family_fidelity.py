@@ -321,7 +321,9 @@ def test_tool_calls_are_structured_and_the_source_results_follow_them(family):
     stops = Counter((row["stop_reason"] or "complete").split(":")[0] for row in rows if row["tools"])
     if case.calls == "spliced":
         assert calls >= 3, (calls, stops)
-        assert spliced >= 1, (spliced, stops)
+        # The stops in full (which tools the model called instead): on the GPU's vLLM the tiny llama3 model
+        # once spliced none (docs/results/h100-fidelity-2026-12-05.txt), and the prefixes alone did not say why.
+        assert spliced >= 1, (spliced, stops, [row["stop_reason"] for row in rows if row["tools"]])
     elif case.calls == "refused":
         # Counted: every refusal is one row's stop, with the raw call kept (case.why says what the model does).
         assert refused >= 1 and stops["tool_call_invalid"] == refused, (refused, stops, case.why)
