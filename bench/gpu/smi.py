@@ -13,7 +13,8 @@ class GpuSampler:
 
     The memory peak says how much of the card the engine really used: what is left of the card
     beyond it is headroom that regen's share of the card (worker/engine/gpu_memory.py) keeps
-    out of the KV cache, the evidence for or against a larger share.
+    out of the KV cache, the evidence for or against a larger share. A sample a second can miss a
+    spike shorter than that, so the peak is a lower bound on what the engine touched.
     """
 
     def __init__(self):
@@ -65,4 +66,4 @@ class GpuSampler:
         if gpu not in self.peak_mib or not self.total_mib.get(gpu):
             return ""
         peak, total = self.peak_mib[gpu], self.total_mib[gpu]
-        return f", peak {peak:,} of {total:,} MiB in use ({peak / total:.1%}; {(total - peak) / 1024:.1f} GiB never used)"
+        return f", peak {peak:,} of {total:,} MiB in use ({peak / total:.1%}; {(total - peak) / 1024:.1f} GiB free at the sampled peak)"

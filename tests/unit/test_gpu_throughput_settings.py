@@ -28,7 +28,7 @@ def test_the_gpu_sampler_reports_the_memory_peak_beside_the_busy_share():
         gpu.record(line)
     summary = gpu.summary()
     assert "mean 77% busy, 2/3 samples at 50% or more" in summary  # the [N/A] line counted nowhere
-    assert "peak 136,512 of 143,771 MiB in use (95.0%; 7.1 GiB never used)" in summary
+    assert "peak 136,512 of 143,771 MiB in use (95.0%; 7.1 GiB free at the sampled peak)" in summary
     # An nvidia-smi that gives no memory columns still gives the busy share, and no memory claim.
     old = GpuSampler()
     old.record("1, 55")
