@@ -52,8 +52,8 @@ try:
 except (OSError, subprocess.TimeoutExpired) as e:
     print(f"nvidia-smi: {e}")
 # Which families' vLLM parsers load here, before any suite runs: a parser whose module imports a package this machine
-# lacks (vLLM 0.26's mistral parsers need ijson and mistral_common, which the carry does not hold) fails each of its
-# family's cases with ParserUnavailable; this line says so once, up front.
+# lacks (vLLM 0.26's mistral parsers need ijson and mistral_common: carry mistral.tar.xz) fails each of its family's
+# cases with ParserUnavailable; this line says so once, up front.
 try:
     from targets.vllm_compat import reasoning_parser_class, tool_parser_class
     from worker.tiny.families import SPECS
