@@ -74,18 +74,25 @@ else
   echo "== vLLM bundle: built already"
 fi
 
+# PART.tar.xz from pinned wheels: installed into a --target tree, pruned by prune_deps.py --part PART, packed.
+site_archive() {  # PART STAMP PINS...
+  local part=$1 stamp=$2; shift 2
+  rm -f "$OUT/$part.tar.xz"*
+  # shellcheck disable=SC2086
+  "$PY" -m pip download -q --no-deps $PLAT -d "$W/$part-whl" "$@"
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/$part-site" $PLAT "$W/$part-whl"/*.whl
+  "$PY" "$HERE/prune_deps.py" "$W/$part-site" --part "$part"
+  tar -C "$W/$part-site" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | $XZ > "$W/$part.tar.xz"
+  mv "$W/$part.tar.xz" "$OUT/"
+  sha256sum "$OUT/$part.tar.xz" | cut -d' ' -f1 > "$OUT/$part.tar.xz.sha256"
+  echo "$stamp" > "$OUT/$part.tar.xz.inputs"
+}
+
 if stale deps.tar.xz "$DSTAMP"; then
   echo "== deps (~3 min)"
-  rm -f "$OUT/deps.tar.xz"*
   # shellcheck disable=SC2086
-  "$PY" -m pip download -q --no-deps $PLAT -d "$W/whl" $DEPS
-  # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/site" $PLAT "$W"/whl/*.whl
-  "$PY" "$HERE/prune_deps.py" "$W/site"
-  tar -C "$W/site" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | $XZ > "$W/deps.tar.xz"
-  mv "$W/deps.tar.xz" "$OUT/"
-  sha256sum "$OUT/deps.tar.xz" | cut -d' ' -f1 > "$OUT/deps.tar.xz.sha256"
-  echo "$DSTAMP" > "$OUT/deps.tar.xz.inputs"
+  site_archive deps "$DSTAMP" $DEPS
 else
   echo "== deps: built already"
 fi
@@ -109,26 +116,15 @@ fi
 # ijson, its reasoning parser mistral_common (through vllm/tokenizers/mistral.py), and mistral_common imports
 # jsonschema and pydantic-extra-types' language codes (pycountry) at import time. vLLM's wheel requires ijson and
 # mistral_common, so a node that pip-installed vLLM has them; the vLLM bundle above holds only what the LLM path
-# imports. Pruned to fit beside tree + vLLM + deps: mistral_common's data/ (36 MB of Mistral's own tokenizer
-# files; the tiny models bring their own tokenizer), pycountry's locales (22 MB of translations; the language codes
-# are in databases/), test folders. About 0.6 MiB; it does not fit beside the Harmony vocabulary, so the Mistral
-# cases run in a call of their own (bench/gpu/README.md). Versions as resolved for cp312 on 2026-12-05.
+# imports. Pruned by prune_deps.py --part mistral (mistral_common's own tokenizer files, pycountry's translations)
+# to about 0.6 MiB. Versions as resolved for cp312 on 2026-12-05.
 MISTRAL="ijson==3.6.0 mistral_common==1.13.1 pydantic-extra-types==2.11.1 pycountry==26.2.16 jsonschema==4.26.0
 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
-MSTAMP=$(echo "$MISTRAL" | stamp -)
+MSTAMP=$(echo "$MISTRAL" | stamp "$HERE/prune_deps.py" -)
 if stale mistral.tar.xz "$MSTAMP"; then
   echo "== Mistral's parser packages (ijson, mistral_common and what it imports)"
-  rm -f "$OUT/mistral.tar.xz"*
   # shellcheck disable=SC2086
-  "$PY" -m pip download -q --no-deps $PLAT -d "$W/mwhl" $MISTRAL
-  # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/msite" $PLAT "$W"/mwhl/*.whl
-  rm -rf "$W"/msite/mistral_common/data/* "$W"/msite/pycountry/locales "$W"/msite/*/tests "$W"/msite/jsonschema/benchmarks \
-    "$W"/msite/bin "$W"/msite/*.dist-info/RECORD
-  find "$W/msite" -name '*.so' -exec strip --strip-unneeded {} +
-  tar -C "$W/msite" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | $XZ > "$OUT/mistral.tar.xz"
-  sha256sum "$OUT/mistral.tar.xz" | cut -d' ' -f1 > "$OUT/mistral.tar.xz.sha256"
-  echo "$MSTAMP" > "$OUT/mistral.tar.xz.inputs"
+  site_archive mistral "$MSTAMP" $MISTRAL
 else
   echo "== Mistral's parser packages: built already"
 fi

