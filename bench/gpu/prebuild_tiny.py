@@ -57,8 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads a family's build (default 1)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores to share (default: those this process may run on); regen's own model gets half")
+    p.add_argument("--families", default="",
+                   help="comma-separated families to build (default: all), for a run of some cases only (pytest -k)")
     args = p.parse_args(argv)
     families = fidelity_families()
+    if args.families:
+        wanted = [f.strip() for f in args.families.split(",") if f.strip()]
+        unknown = sorted(set(wanted) - set(families))
+        if unknown:
+            p.error(f"--families: {', '.join(unknown)} not in worker/tiny/families.py (known: {', '.join(families)})")
+        families = [f for f in families if f in wanted]
     t0, failed = time.perf_counter(), 0
     with ProcessPoolExecutor(max_workers=args.jobs or len(families)) as pool:
         futures = {pool.submit(build_one, f, threads_for(f, args.cores, args.threads)): f for f in families}

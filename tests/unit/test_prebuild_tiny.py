@@ -18,3 +18,14 @@ def test_regens_own_model_the_longest_build_gets_half_the_cores_and_the_families
 
     assert threads_for(LEAD, 8, 1) == 4 and threads_for("llama3", 8, 1) == 1
     assert threads_for(LEAD, 2, 1) == 1  # never below what a family gets
+
+
+def test_an_unknown_family_is_refused_by_name_before_anything_builds(capsys):
+    import pytest
+
+    from bench.gpu.prebuild_tiny import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--families", "llama3,nonesuch"])
+    assert exit_info.value.code == 2
+    assert "nonesuch not in worker/tiny/families.py" in capsys.readouterr().err
