@@ -293,12 +293,43 @@ def _reasoning_parser(name: str, tokenizer: Any, thinking_arg: str | None) -> An
     from targets.vllm_compat import reasoning_parser_class
 
     cls = reasoning_parser_class(name)
-    if thinking_arg is None:
-        return cls(tokenizer)
     try:
-        return cls(tokenizer, chat_template_kwargs={thinking_arg: True})
-    except TypeError:  # a vLLM whose parsers take no keyword arguments
-        return cls(tokenizer)
+        if thinking_arg is None:
+            return cls(tokenizer)
+        try:
+            return cls(tokenizer, chat_template_kwargs={thinking_arg: True})
+        except TypeError:  # a vLLM whose parsers take no keyword arguments
+            return cls(tokenizer)
+    except ValueError as e:
+        if "MistralTokenizer" not in str(e):
+            raise
+        return _think_tag_parser_on_this_tokenizer(cls, tokenizer, e)
+
+
+def _think_tag_parser_on_this_tokenizer(cls: type, tokenizer: Any, refusal: ValueError) -> Any:
+    """vLLM 0.26's ``mistral`` reasoning parser, built on the Hugging Face tokenizer regen renders with.
+
+    Before its parser adapters (0.32 has them), vLLM's MistralReasoningParser refuses any tokenizer
+    but mistral_common's (``vllm serve --tokenizer-mode mistral``). It wants it only to look up the ids
+    of ``[THINK]`` and ``[/THINK]``; everything it reads after that is text. regen renders every target
+    with its Jinja template through transformers, so the worker holds a Hugging Face tokenizer, whose
+    vocabulary has the same two special tokens. The class's own base initialiser (vLLM's
+    BaseThinkingReasoningParser) looks them up there, and vLLM's own reading code then runs as
+    ``vllm serve`` runs it. Magistral's turns on vLLM 0.26 were refused outright without this
+    (docs/results/h100-fidelity-2026-12-05b.txt).
+
+    Raises:
+        ValueError: ``refusal``, when the class is no think-tag parser this can build (nothing else is guessed).
+    """
+    try:
+        from vllm.reasoning.basic_parsers import BaseThinkingReasoningParser
+    except ImportError:
+        raise refusal from None
+    if not issubclass(cls, BaseThinkingReasoningParser):
+        raise refusal
+    parser = cls.__new__(cls)
+    BaseThinkingReasoningParser.__init__(parser, tokenizer)  # RuntimeError if the vocabulary lacks a tag
+    return parser
 
 
 def _extract_reasoning(parser: Any, text: str, request: Any) -> tuple[str | None, str | None]:
