@@ -7,8 +7,11 @@ a step takes at least ``(weight_bytes + live_tokens * kv_bytes_per_token) / band
 yields ``running`` tokens. The benchmarks print this next to the measured rate, so a
 figure is read against what the GPU allows, not only against bare vLLM.
 
-Bandwidth: the H200's published 4.8 TB/s (HBM3e). Real kernels reach 80-90% of it; the bound
-is the datasheet's, not an achievable target.
+Bandwidth: the datasheet's figure of the card the run is on (:data:`CARDS`, by the name nvidia-smi
+gives), 4.8 TB/s for the H200. Real kernels reach 80-90% of it; the bound is the datasheet's, not an
+achievable target. A card not in the table gets no bound and its GPU-hours under its own name: a
+figure printed under another card's label (an H100 run once printed "at 4.8 TB/s" and "H200-hours")
+would be a label nobody measured.
 """
 
 from __future__ import annotations
@@ -19,9 +22,61 @@ from pathlib import Path
 
 #: Bytes per second, the H200 SXM's datasheet figure.
 H200_BANDWIDTH = 4.8e12
-#: What a CPU smoke run prints where a GPU run prints the bound and the seed's H200-hours: both are an
-#: H200's figures, and a CPU run measures neither.
-CPU_NO_BOUND = "no H200 bound or H200-hours: a CPU smoke run"
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU as the bound needs it: the name its hours are counted in and its datasheet bandwidth."""
+
+    label: str                 # "H200", "H100 SXM": what "GPU-hours" are printed as
+    bandwidth: float | None    # bytes/s; None: not in CARDS, so no bound is printed
+
+
+#: nvidia-smi's name (a substring, first match wins: the more specific first) -> the card, with NVIDIA's
+#: datasheet memory bandwidth. The lent machines are H200 (4.8 TB/s) and H100 SXM "80GB HBM3" (3.35 TB/s).
+#: ``regen estimate --gpu`` scales by the same figures (producer/estimate/arithmetic.py GPU_BANDWIDTH_TBPS,
+#: keyed by the names people type; tests/unit/test_gpu_bound.py holds the two tables together).
+CARDS: tuple[tuple[str, Card], ...] = (
+    ("GH200", Card("GH200", None)),         # 96 GB HBM3 (4.0 TB/s) or 144 GB HBM3e (4.9 TB/s): the name alone can't tell
+    ("H200", Card("H200", 4.8e12)),
+    ("H100 NVL", Card("H100 NVL", 3.9e12)),
+    ("H100 PCIe", Card("H100 PCIe", 2.0e12)),
+    ("H100", Card("H100 SXM", 3.35e12)),      # "NVIDIA H100 80GB HBM3"
+    ("B200", Card("B200", 8.0e12)),
+    ("A100-SXM4-80GB", Card("A100 SXM 80GB", 2.039e12)),
+    ("A100 80GB PCIe", Card("A100 PCIe 80GB", 1.935e12)),
+    ("A100", Card("A100 40GB", 1.555e12)),
+    ("L40S", Card("L40S", 0.864e12)),
+    ("RTX PRO 6000", Card("RTX PRO 6000", 1.792e12)),
+)
+#: The card the issue's figures are stated on: what a caller that names none means.
+H200 = Card("H200", H200_BANDWIDTH)
+
+
+def card_of(name: str) -> Card:
+    """The card nvidia-smi calls ``name``; one not in :data:`CARDS` keeps its own name and gets no bandwidth."""
+    for key, card in CARDS:
+        if key.lower() in name.lower():
+            return card
+    return Card(name.removeprefix("NVIDIA ").strip() or "unknown GPU", None)
+
+
+def this_card() -> Card:
+    """The first GPU nvidia-smi lists here (the benchmarks run on one), or an unknown one where it lists none."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return card_of(names[0]) if names else Card("unknown GPU", None)
+
+
+#: What a CPU smoke run prints where a GPU run prints the bound and the seed's GPU-hours: a CPU run
+#: measures neither.
+CPU_NO_BOUND = "no bandwidth bound or GPU-hours: a CPU smoke run"
 #: bf16.
 DTYPE_BYTES = 2
 
@@ -77,21 +132,26 @@ def bound_tok_s(shape: Shape, running: float, live_tokens: float, *, bandwidth: 
 
 
 def bound_line(shape: Shape, running: float, live_tokens: float, measured_tok_s: float,
-               *, bandwidth: float = H200_BANDWIDTH) -> str:
-    """One line: the step's bytes at the measured concurrency, the bound, and the run's share of it."""
-    bound = bound_tok_s(shape, running, live_tokens, bandwidth=bandwidth)
+               *, card: Card = H200) -> str:
+    """One line: the step's bytes at the measured concurrency, the bound on ``card``, and the run's share of it."""
+    reads = (f"weights {shape.weight_bytes / 1e9:.1f} GB + KV {live_tokens * shape.kv_bytes_per_token / 1e9:.1f} GB "
+             f"({live_tokens:,.0f} tokens x {shape.kv_bytes_per_token / 1024:.0f} KiB) a step at {running:.0f} running")
+    if card.bandwidth is None:
+        return (f"bound: {reads}; no bound: {card.label}'s bandwidth is not in bench/gpu/bound.py's CARDS; "
+                f"measured {measured_tok_s:,.0f}")
+    bound = bound_tok_s(shape, running, live_tokens, bandwidth=card.bandwidth)
     share = f"{measured_tok_s / bound:.0%}" if bound else "-"
-    return (f"bound: weights {shape.weight_bytes / 1e9:.1f} GB + KV {live_tokens * shape.kv_bytes_per_token / 1e9:.1f} GB "
-            f"({live_tokens:,.0f} tokens x {shape.kv_bytes_per_token / 1024:.0f} KiB) a step at {running:.0f} running "
-            f"-> {bound:,.0f} tok/s at {bandwidth / 1e12:.1f} TB/s; measured {measured_tok_s:,.0f} = {share} of it")
+    return (f"bound: {reads} -> {bound:,.0f} tok/s at {card.label}'s {card.bandwidth / 1e12:.2f} TB/s; "
+            f"measured {measured_tok_s:,.0f} = {share} of it")
 
 
 #: The seed's corpus: ~1M prompts, ~1.37 B output tokens (issue 31).
 SEED_TOKENS = 1.37e9
 
 
-def seed_hours_line(tok_s: float, *, tokens: float = SEED_TOKENS) -> str:
-    """The seed's output tokens in H200-hours at ``tok_s`` a GPU."""
+def seed_hours_line(tok_s: float, *, tokens: float = SEED_TOKENS, card: Card = H200) -> str:
+    """The seed's output tokens in GPU-hours of ``card`` (the one the rate was measured on) at ``tok_s`` a GPU."""
     if tok_s <= 0:
         return "seed's corpus: no rate measured"
-    return f"seed's corpus ({tokens / 1e9:.2f} B output tokens) at {tok_s:,.0f} tok/s: {tokens / tok_s / 3600:,.0f} H200-hours"
+    return (f"seed's corpus ({tokens / 1e9:.2f} B output tokens) at {tok_s:,.0f} tok/s: "
+            f"{tokens / tok_s / 3600:,.0f} {card.label}-hours")

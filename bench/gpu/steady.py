@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tries = args.tries or ["default", "fill=1.0", "default"]
 
-    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
+    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line, this_card
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     block = int(cache.block_size)
     blocks = int(pool.num_gpu_blocks)
     shape = Shape.from_config(args.model)
+    card = None if args.cpu else this_card()  # the bound and the GPU-hours are this card's
 
     # Blocks beyond what --as-built would have given: held by this benchmark in every segment but `gmu`.
     hold_target = 0
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.scheduled / s.seconds if s.seconds else 0:,.0f} | {s.preemptions * per_min:,.0f} | "
               f"{s.finished * per_min:,.0f} | {s.debt[0][0]} ({s.debt[0][1]:,} tok) -> {s.debt[1][0]} "
               f"({s.debt[1][1]:,} tok) | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
-              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, live, s.tok_s)} |")
+              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, live, s.tok_s, card=card)} |")
     defaults = [s.tok_s for s in segments if s.label == "default"]
     if defaults:
         spread = (max(defaults) - min(defaults)) / (sum(defaults) / len(defaults))
@@ -276,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         best = max(segments, key=lambda s: s.tok_s)
         print(f"best: {best.label} ({best.tok_s:,.0f} tok/s)" + (
             f"; {CPU_NO_BOUND}" if args.cpu else
-            f": {seed_hours_line(best.tok_s)}; defaults' mean: {seed_hours_line(sum(defaults) / len(defaults))}"))
+            f": {seed_hours_line(best.tok_s, card=card)}; defaults' mean: "
+            f"{seed_hours_line(sum(defaults) / len(defaults), card=card)}"))
     print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
     bare.shutdown()
     return 0

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--profile-only needs --profile-steps N")
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
-    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line
+    from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line, this_card
     from bench.gpu.live import LiveEngine, parse_settings, time_mean
     from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     moments = live.moments()
     default_cap, default_batched = scheduler.max_num_running_reqs, scheduler.max_num_scheduled_tokens
     shape = Shape.from_config(args.model)
+    card = None if args.cpu else this_card()  # the bound and the GPU-hours are this card's
     print(f"loaded in {time.perf_counter() - t0:.0f} s; {live.engine_line()}", flush=True)
     print(f"workload: {len(rows):,} prompts, prompt mean {moments.prompt_mean:.0f}, budgets mean "
           f"{moments.out_mean:.0f} (max {max(sp.max_tokens for sp in params)}), ignore_eos "
@@ -213,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         steady = f"{t.steady:,.0f}" if t.steady else "-"
         print(f"| {t.label} | {t.cap} | {t.watermark} | {t.tok_s:,.0f} | {t.tok_s / first:.3f} | {steady} | "
               f"{t.preemptions:,} | {running:.0f} | {used:.0%} | "
-              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, used * kv_tokens, t.steady or t.tok_s)} |")
+              f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, used * kv_tokens, t.steady or t.tok_s, card=card)} |")
     best = max(trials, key=lambda t: t.tok_s) if trials else None
     if best is not None:
-        # An H200's bound and H200-hours from a CPU run would be figures nobody measured.
+        # A GPU's bound and GPU-hours from a CPU run would be figures nobody measured.
         print(f"\nbest: {best.label} ({best.tok_s:,.0f} tok/s)" + (
-            f"; {CPU_NO_BOUND}" if args.cpu else f"; {seed_hours_line(best.tok_s)}; first: {seed_hours_line(first)}"))
+            f"; {CPU_NO_BOUND}" if args.cpu else f"; {seed_hours_line(best.tok_s, card=card)}; first: {seed_hours_line(first, card=card)}"))
     print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
     bare.shutdown()
     return 0

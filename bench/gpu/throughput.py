@@ -22,7 +22,8 @@ replaces regen's own in (b), (c), (a2) and the estimate, and (a) stays at vLLM's
 
 At the end, per phase: the memory-bandwidth bound (bench/gpu/bound.py) at what the KV cache
 holds of this workload and, with ``--engine-stats``, at the phase's measured concurrency, the
-phase's share of it, and the seed's 1.37 B output tokens in H200-hours at its rate.
+phase's share of it, and the seed's 1.37 B output tokens in GPU-hours of the card it ran on (its name
+and datasheet bandwidth from bench/gpu/bound.py's CARDS).
 
 With ``--two-gpus``: (b2) ``regen worker --gpus all`` on two GPUs (two processes,
 ``gpu0@``/``gpu1@``), GPU utilisation sampled, and one worker process SIGKILLed a
@@ -67,7 +68,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.gpu.bound import Shape, bound_line, seed_hours_line
+from bench.gpu.bound import H200, Card, Shape, bound_line, seed_hours_line, this_card
 from bench.gpu.smi import GpuSampler
 from bench.lengths import distribution_lines
 from bench.prompts import throughput_rows, write_jsonl
@@ -322,7 +323,7 @@ def bare_phase(args, model: str, settings: dict, rows: list[dict], config,
     notes = (f"max_num_seqs {sched.max_num_seqs}; frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; "
              f"{gpu.summary()}; {steady_note(m.steady_tok_s, m.profile)}" + (f"; {spy.join()}" if spy else ""))
     DETAILS[label] = {"lengths": m.lengths, "cut": m.cut, "scheduler": m.scheduler, "kv_tokens": kv_tokens,
-                      "moments": LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts),
+                      "max_num_seqs": sched.max_num_seqs, "moments": LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts),
                                                   (sp.max_tokens for sp in params)),
                       "tok_s": m.tok_s, "steady": m.steady_tok_s}
     print(f"    ({label}) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
@@ -350,6 +351,12 @@ def worker_kv_tokens(log: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def worker_max_num_seqs(log: str) -> int:
+    """The most sequences a worker's engine runs at once, from its "engine ready" line (0 if it has none)."""
+    m = re.search(r"engine ready: .*?max_num_seqs (\d+)", log)
+    return int(m.group(1)) if m else 0
+
+
 def phase_settings(engine_arg: list[str], candidate: list[str], *, on_cpu: bool) -> tuple[dict, dict, dict]:
     """The workers' extra engine args, the settings of regen's phases, and (a)'s.
 
@@ -364,8 +371,9 @@ def phase_settings(engine_arg: list[str], candidate: list[str], *, on_cpu: bool)
                                                                    on_cpu=on_cpu)
 
 
-def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -> list[str]:
-    """Per phase: the bandwidth bound at its measured concurrency (--engine-stats), and at what its cache holds.
+def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float], *, card: Card = H200) -> list[str]:
+    """Per phase: the bandwidth bound on ``card`` at its measured concurrency (--engine-stats), and at what its
+    cache holds; the seed's corpus in that card's hours.
 
     Each phase is bounded by its own engine's cache: regen's 0.95 of the card builds a larger one than
     vLLM's 0.92 (worker/engine/gpu_memory.py). A phase whose cache is unknown gets no capacity line,
@@ -387,16 +395,22 @@ def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float]) -
             lines.append(f"({label}) at the cache's capacity: not known (its engine did not report its KV cache)")
             continue
         fits = kv / moments.footprint()
-        lines.append(f"({label}) at the cache's capacity ({kv:,} tokens hold ~{fits:.0f} of them): "
-                     f"{bound_line(shape, fits, kv, tok_s)}")
+        # The engine runs at most max_num_seqs at once, however many the cache would hold (a short workload's
+        # 1,024 where the cache holds ~2,000): the bound is at the concurrency it can reach.
+        cap = details.get(label, {}).get("max_num_seqs") or 0
+        running = min(fits, cap) if cap else fits
+        held = (f"{kv:,} tokens hold ~{fits:.0f} of them" +
+                (f"; max_num_seqs {cap} runs {running:.0f}" if cap and cap < fits else ""))
+        lines.append(f"({label}) at the cache's capacity ({held}): "
+                     f"{bound_line(shape, running, running * moments.footprint(), tok_s, card=card)}")
     for label, tok_s in rates.items():
         sched = details.get(label, {}).get("scheduler")
         kv = details.get(label, {}).get("kv_tokens") or 0
         if sched is not None and getattr(sched, "steps", 0) and kv:
             running, used = sched.running / sched.steps, sched.kv / sched.steps
-            lines.append(f"({label}) at its measured concurrency: {bound_line(shape, running, used * kv, tok_s)}")
+            lines.append(f"({label}) at its measured concurrency: {bound_line(shape, running, used * kv, tok_s, card=card)}")
     for label, tok_s in rates.items():
-        lines.append(f"({label}) {seed_hours_line(tok_s)}")
+        lines.append(f"({label}) {seed_hours_line(tok_s, card=card)}")
     return lines
 
 
@@ -427,8 +441,9 @@ def system_phase(args, scratch, jsonl: Path, rows: list[dict], config, extra: di
                 c for w in _frontends(system) for c in _engine_cores(w))}})
         with GpuSampler() as gpu:
             result: WorkerRun = system.run(label)
+        log = system.worker.log_tail(10**9)
         DETAILS[label] = {"lengths": result.lengths, "cut": result.cut, "scheduler": result.scheduler,
-                          "kv_tokens": worker_kv_tokens(system.worker.log_tail(10**9))}
+                          "kv_tokens": worker_kv_tokens(log), "max_num_seqs": worker_max_num_seqs(log)}
         after = _split_cpu_s(pids | system.worker.pids())
         frontend_cpu = after[1] - before[1]
         notes = (f"{steady_note(result.steady_tok_s, result.profile)}; "
@@ -564,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(side_by_side([r["max_tokens"] for r in rows], DETAILS)))
     if not on_cpu:
         print("\n".join(bound_lines(args.model, DETAILS, {label: tokens / seconds for label, _, tokens, seconds, _
-                                                           in results if seconds})))
+                                                           in results if seconds}, card=this_card())))
     print(f"\nwall time of the whole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 

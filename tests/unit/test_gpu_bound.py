@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.gpu.bound import H200_BANDWIDTH, Shape, bound_tok_s, seed_hours_line
+from bench.gpu.bound import H200_BANDWIDTH, Shape, bound_line, bound_tok_s, card_of, seed_hours_line
 from bench.gpu.model import QWEN3_8B_SHAPES, QWEN3_32B_SHAPES
 from bench.gpu.sweep import peak_live_tokens
 from worker.engine.sizing import LengthMoments
@@ -55,6 +55,49 @@ def test_each_phase_is_bounded_by_its_own_cache(tmp_path):
     assert "(a) at the cache's capacity (275,248 tokens" in text
     assert "(b) at the cache's capacity (292,432 tokens" in text
     assert "(c) at the cache's capacity: not known" in text
+    # An engine runs at most max_num_seqs, however many its cache would hold: the bound is taken there.
+    from bench.gpu.throughput import worker_max_num_seqs
+
+    assert worker_max_num_seqs(log) == 1024 and worker_max_num_seqs("INFO something else\n") == 0
+    capped = {"a": {**details["a"], "max_num_seqs": 256}, "b": {**details["b"], "max_num_seqs": worker_max_num_seqs(log)}}
+    text = "\n".join(bound_lines(str(tmp_path), capped, {"a": 2637.0, "b": 2984.0}))
+    assert "(a) at the cache's capacity (275,248 tokens hold ~459 of them; max_num_seqs 256 runs 256)" in text
+    assert "(153,600 tokens x 256 KiB) a step at 256 running" in text  # 256 x a footprint of 600
+    assert "(b) at the cache's capacity (292,432 tokens hold ~487 of them):" in text  # 1,024 > 487: no cap
     # Without a bare phase the footprint is unknown, and no phase gets a capacity line.
     text = "\n".join(bound_lines(str(tmp_path), {"b": details["b"]}, {"b": 2984.0}))
     assert "at the cache's capacity (" not in text and "not known" in text
+
+
+@pytest.mark.parametrize(("smi_name", "label", "tb_s"), [
+    ("NVIDIA H200", "H200", 4.8), ("NVIDIA H100 80GB HBM3", "H100 SXM", 3.35), ("NVIDIA H100 PCIe", "H100 PCIe", 2.0),
+    ("NVIDIA H100 NVL", "H100 NVL", 3.9), ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 2.039),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB", 1.555), ("NVIDIA GH200 480GB", "GH200", None),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000", 1.792), ("NVIDIA L4", "L4", None)])
+def test_the_card_is_the_one_nvidia_smi_names_and_an_unknown_one_gets_no_bandwidth(smi_name, label, tb_s):
+    card = card_of(smi_name)
+    assert card.label == label
+    assert (card.bandwidth / 1e12 if card.bandwidth else None) == (pytest.approx(tb_s) if tb_s else None)
+
+
+def test_an_h100_run_prints_the_h100s_bound_and_h100_hours_not_an_h200s(tmp_path):
+    # 2026-12-05: the short workload on an H100 printed "at 4.8 TB/s" and "26 H200-hours": labels it had not measured.
+    shape = _shape(tmp_path, QWEN3_8B_SHAPES, 1000)
+    h100 = card_of("NVIDIA H100 80GB HBM3")
+    line = bound_line(shape, 2000, 400_000, 15_000.0, card=h100)
+    assert "at H100 SXM's 3.35 TB/s" in line and "4.8" not in line
+    expected = 2000 * 3.35e12 / (shape.weight_bytes + 400_000 * shape.kv_bytes_per_token)
+    assert f"-> {expected:,.0f} tok/s" in line
+    assert seed_hours_line(15_000.0, card=h100).endswith(f"{1.37e9 / 15_000 / 3600:,.0f} H100 SXM-hours")
+    unknown = bound_line(shape, 2000, 400_000, 15_000.0, card=card_of("NVIDIA L4"))
+    assert "no bound: L4's bandwidth is not in" in unknown and "tok/s at" not in unknown
+
+
+def test_the_bench_and_the_estimate_scale_by_the_same_bandwidths():
+    from producer.estimate.arithmetic import GPU_BANDWIDTH_TBPS
+
+    smi_names = {"A100": "NVIDIA A100-SXM4-80GB", "L40S": "NVIDIA L40S", "H100": "NVIDIA H100 80GB HBM3",
+                 "H200": "NVIDIA H200", "B200": "NVIDIA B200", "RTX-PRO-6000": "NVIDIA RTX PRO 6000 Blackwell"}
+    assert set(smi_names) == set(GPU_BANDWIDTH_TBPS)
+    for typed, tb_s in GPU_BANDWIDTH_TBPS.items():
+        assert card_of(smi_names[typed]).bandwidth == pytest.approx(tb_s * 1e12), typed
