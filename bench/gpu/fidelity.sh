@@ -51,25 +51,11 @@ try:
                          capture_output=True, text=True, timeout=30).stdout.strip() or "nvidia-smi: no GPU listed")
 except (OSError, subprocess.TimeoutExpired) as e:
     print(f"nvidia-smi: {e}")
-# Which families' vLLM parsers load here, before any suite runs: a parser whose module imports a package this machine
-# lacks (vLLM 0.26's mistral parsers need ijson and mistral_common: carry mistral.tar.xz) fails each of its family's
-# cases with ParserUnavailable; this line says so once, up front.
-try:
-    from targets.vllm_compat import reasoning_parser_class, tool_parser_class
-    from worker.tiny.families import SPECS
-    for family in SPECS.values():
-        problems = []
-        for kind, name, load in (("reasoning", family.reasoning_parser, reasoning_parser_class),
-                                 ("tool", family.tool_parser, tool_parser_class)):
-            if name:
-                try:
-                    load(name)
-                except (ImportError, KeyError) as e:
-                    problems.append(f"{kind} parser {name!r} does not load: {e}")
-        print(f"parsers of {family.name}: " + ("; ".join(problems) if problems else "load"))
-except ImportError as e:
-    print(f"parsers: not checked ({e})")
 PYEOF
+  # Which families' parsers this vLLM builds, each on its family's own tokenizer, before any suite runs
+  # (bench/gpu/parser_check.py): a package the machine lacks (vLLM 0.26's mistral parsers need ijson and
+  # mistral_common: carry mistral.tar.xz) or a class that refuses the tokenizer shows here once, up front.
+  "$PY" -m bench.gpu.parser_check
   echo "TIKTOKEN_ENCODINGS_BASE=${TIKTOKEN_ENCODINGS_BASE:-(not set)} VLLM_WORKER_MULTIPROC_METHOD=$VLLM_WORKER_MULTIPROC_METHOD"
   # One pytest process a suite, one after another. On a GPU each engine takes most of the card (0.95 of an empty
   # one, worker/engine/gpu_memory.py; vLLM's 0.92 otherwise) and vLLM refuses to start with less free than that.
