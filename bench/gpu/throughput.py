@@ -323,7 +323,8 @@ def bare_phase(args, model: str, settings: dict, rows: list[dict], config,
     notes = (f"max_num_seqs {sched.max_num_seqs}; frontend {cpu / max(1, m.tokens) * 1000:.4f} CPU-s per 1K tokens; "
              f"{gpu.summary()}; {steady_note(m.steady_tok_s, m.profile)}" + (f"; {spy.join()}" if spy else ""))
     DETAILS[label] = {"lengths": m.lengths, "cut": m.cut, "scheduler": m.scheduler, "kv_tokens": kv_tokens,
-                      "max_num_seqs": sched.max_num_seqs, "moments": LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts),
+                      "max_num_seqs": sched.max_num_seqs,
+                      "moments": LengthMoments.of((len(x["prompt_token_ids"]) for x in prompts),
                                                   (sp.max_tokens for sp in params)),
                       "tok_s": m.tok_s, "steady": m.steady_tok_s}
     print(f"    ({label}) {m.tokens:,} tokens in {m.seconds:.1f} s = {m.tok_s:,.0f} tok/s", flush=True)
