@@ -287,6 +287,11 @@ def load_turn_parser(tokenizer: Any, *, reasoning: str | None, tool: str | None,
     except KeyError as e:
         raise ParserUnavailable(f"this worker's vLLM has no parser {e}: the run needs reasoning parser "
                                 f"{reasoning!r}, tool parser {tool!r}") from e
+    except (ValueError, RuntimeError, TypeError) as e:
+        # A class that refuses this model's tokenizer (vLLM 0.26's mistral reasoning parser refused every Hugging
+        # Face one until regen built it another way): named as the run's parsers, not as a bare ValueError.
+        raise ParserUnavailable(f"this worker's vLLM cannot build the run's parsers on this model's tokenizer "
+                                f"(reasoning {reasoning!r}, tool {tool!r}): {type(e).__name__}: {e}") from e
 
 
 def _reasoning_parser(name: str, tokenizer: Any, thinking_arg: str | None) -> Any:

@@ -108,3 +108,16 @@ def test_a_class_that_asks_for_mistral_common_but_reads_no_think_tags_keeps_its_
     monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: NotThinkTags)
     with pytest.raises(ValueError, match="MistralTokenizer"):
         VllmTurnParser(magistral_tokenizer, reasoning="mistral", tool=None)
+
+
+def test_a_worker_names_the_runs_parsers_when_a_class_refuses_its_tokenizer(monkeypatch, magistral_tokenizer):
+    import targets.vllm_compat as compat
+    from targets.turn_parsers import ParserUnavailable, load_turn_parser
+
+    class Refuses:
+        def __init__(self, tokenizer, *args, **kwargs):
+            raise ValueError("this parser needs a model config")
+
+    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: Refuses)
+    with pytest.raises(ParserUnavailable, match=r"cannot build the run's parsers .*'mistral'.*ValueError: this parser"):
+        load_turn_parser(magistral_tokenizer, reasoning="mistral", tool="mistral")
