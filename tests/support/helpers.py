@@ -137,3 +137,15 @@ def input_rows(store: ObjectStore, output_url: str) -> list[dict]:
 def _first_seq(url: str) -> int:
     # group-000033.jsonl.zst and batch-000042.jsonl.zst: both named by their (first) batch.
     return int(url.rsplit("-", 1)[1].split(".", 1)[0])
+
+
+def refuse_reasoning_parsers(monkeypatch, error: Exception) -> None:
+    """Make every reasoning parser class vLLM names refuse to be built, raising ``error``: a class that
+    imports and then refuses the model's tokenizer, as vLLM 0.26's mistral one did (tests/data/vllm026)."""
+    import targets.vllm_compat as compat
+
+    class Refuses:
+        def __init__(self, tokenizer, *args, **kwargs):
+            raise error
+
+    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: Refuses)

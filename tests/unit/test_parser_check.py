@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fixtures.model import VLLM_HINT
-from tests.support.helpers import require
+from tests.support.helpers import refuse_reasoning_parsers, require
 
 require("vllm", VLLM_HINT, module_level=True)
 
@@ -23,14 +23,9 @@ def test_every_family_builds_on_this_vllm_and_its_line_says_by_which(capsys):
 
 def test_a_class_that_imports_but_refuses_the_tokenizer_is_named_up_front(monkeypatch):
     # What importing the classes alone missed on the GPU's vLLM 0.26 (docs/results/h100-fidelity-2026-12-05b.txt).
-    import targets.vllm_compat as compat
     from bench.gpu.parser_check import family_line
 
-    class Refuses:
-        def __init__(self, tokenizer, *args, **kwargs):
-            raise RuntimeError("no think tokens in this vocabulary")
-
-    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: Refuses)
+    refuse_reasoning_parsers(monkeypatch, RuntimeError("no think tokens in this vocabulary"))
     line = family_line("deepseek_r1")
     assert line.startswith("parsers of deepseek_r1: do not build (deepseek_r1, deepseek_v3): ParserUnavailable: ")
     assert line.endswith("RuntimeError: no think tokens in this vocabulary")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.model import VLLM_HINT
-from tests.support.helpers import require
+from tests.support.helpers import refuse_reasoning_parsers, require
 from worker.conversation.dialogue import Generation
 
 require("vllm", VLLM_HINT, module_level=True)
@@ -84,40 +84,26 @@ def test_regen_builds_it_on_the_hugging_face_tokenizer_and_vllms_own_code_reads_
 
 
 def test_a_refusal_of_another_kind_is_not_papered_over(monkeypatch, magistral_tokenizer):
-    import targets.vllm_compat as compat
     from targets.turn_parsers import VllmTurnParser
 
-    class Refuses:
-        def __init__(self, tokenizer, *args, **kwargs):
-            raise ValueError("this parser needs a model config")
-
-    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: Refuses)
+    refuse_reasoning_parsers(monkeypatch, ValueError("this parser needs a model config"))
     with pytest.raises(ValueError, match="needs a model config"):
         VllmTurnParser(magistral_tokenizer, reasoning="mistral", tool=None)
 
 
 def test_a_class_that_asks_for_mistral_common_but_reads_no_think_tags_keeps_its_refusal(monkeypatch,
                                                                                        magistral_tokenizer):
-    import targets.vllm_compat as compat
     from targets.turn_parsers import VllmTurnParser
 
-    class NotThinkTags:
-        def __init__(self, tokenizer, *args, **kwargs):
-            raise ValueError("The tokenizer must be an instance of MistralTokenizer.")
-
-    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: NotThinkTags)
+    # Not a subclass of vLLM's think-tag base: nothing for regen to build it through.
+    refuse_reasoning_parsers(monkeypatch, ValueError("The tokenizer must be an instance of MistralTokenizer."))
     with pytest.raises(ValueError, match="MistralTokenizer"):
         VllmTurnParser(magistral_tokenizer, reasoning="mistral", tool=None)
 
 
 def test_a_worker_names_the_runs_parsers_when_a_class_refuses_its_tokenizer(monkeypatch, magistral_tokenizer):
-    import targets.vllm_compat as compat
     from targets.turn_parsers import ParserUnavailable, load_turn_parser
 
-    class Refuses:
-        def __init__(self, tokenizer, *args, **kwargs):
-            raise ValueError("this parser needs a model config")
-
-    monkeypatch.setattr(compat, "reasoning_parser_class", lambda name: Refuses)
+    refuse_reasoning_parsers(monkeypatch, ValueError("this parser needs a model config"))
     with pytest.raises(ParserUnavailable, match=r"cannot build the run's parsers .*'mistral'.*ValueError: this parser"):
         load_turn_parser(magistral_tokenizer, reasoning="mistral", tool="mistral")
