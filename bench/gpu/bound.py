@@ -20,8 +20,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from producer.estimate.arithmetic import GPU_BANDWIDTH_TBPS
+
 #: Bytes per second, the H200 SXM's datasheet figure.
-H200_BANDWIDTH = 4.8e12
+H200_BANDWIDTH = GPU_BANDWIDTH_TBPS["H200"] * 1e12
 
 
 @dataclass(frozen=True)
@@ -32,22 +34,23 @@ class Card:
     bandwidth: float | None    # bytes/s; None: not in CARDS, so no bound is printed
 
 
+#: ``regen estimate --gpu``'s datasheet bandwidths (TB/s, keyed by the names people type): the cards both know
+#: take their figure from there, so the bench's bound and the estimate's scaling cannot drift apart.
+_TB = {name: tb_s * 1e12 for name, tb_s in GPU_BANDWIDTH_TBPS.items()}
 #: nvidia-smi's name (a substring, first match wins: the more specific first) -> the card, with NVIDIA's
 #: datasheet memory bandwidth. The lent machines are H200 (4.8 TB/s) and H100 SXM "80GB HBM3" (3.35 TB/s).
-#: ``regen estimate --gpu`` scales by the same figures (producer/estimate/arithmetic.py GPU_BANDWIDTH_TBPS,
-#: keyed by the names people type; tests/unit/test_gpu_bound.py holds the two tables together).
 CARDS: tuple[tuple[str, Card], ...] = (
     ("GH200", Card("GH200", None)),         # 96 GB HBM3 (4.0 TB/s) or 144 GB HBM3e (4.9 TB/s): the name alone can't tell
-    ("H200", Card("H200", 4.8e12)),
+    ("H200", Card("H200", _TB["H200"])),
     ("H100 NVL", Card("H100 NVL", 3.9e12)),
     ("H100 PCIe", Card("H100 PCIe", 2.0e12)),
-    ("H100", Card("H100 SXM", 3.35e12)),      # "NVIDIA H100 80GB HBM3"
-    ("B200", Card("B200", 8.0e12)),
-    ("A100-SXM4-80GB", Card("A100 SXM 80GB", 2.039e12)),
+    ("H100", Card("H100 SXM", _TB["H100"])),      # "NVIDIA H100 80GB HBM3"
+    ("B200", Card("B200", _TB["B200"])),
+    ("A100-SXM4-80GB", Card("A100 SXM 80GB", _TB["A100"])),
     ("A100 80GB PCIe", Card("A100 PCIe 80GB", 1.935e12)),
     ("A100", Card("A100 40GB", 1.555e12)),
-    ("L40S", Card("L40S", 0.864e12)),
-    ("RTX PRO 6000", Card("RTX PRO 6000", 1.792e12)),
+    ("L40S", Card("L40S", _TB["L40S"])),
+    ("RTX PRO 6000", Card("RTX PRO 6000", _TB["RTX-PRO-6000"])),
 )
 #: The card the issue's figures are stated on: what a caller that names none means.
 H200 = Card("H200", H200_BANDWIDTH)
