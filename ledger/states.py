@@ -112,6 +112,18 @@ class Quality(str, Enum):
     OK = "ok"
 
 
+#: How a refused batch's ``error`` begins: ``refused by <worker>: <why>`` (``refused_reason``). A worker
+#: that cannot run a batch (another model's; parsers its vLLM cannot build) hands it back with no
+#: failure counted; `regen status` counts the queued batches whose last word is a refusal, since a
+#: run that no worker can serve would otherwise only wait.
+REFUSED_PREFIX = "refused by "
+
+
+def refused_reason(worker: str, why: str) -> str:
+    """The ``error`` a refused batch is handed back with."""
+    return f"{REFUSED_PREFIX}{worker}: {why}"
+
+
 class IllegalTransition(RegenError, ValueError):
     """A status change that the tables above do not allow (a bug, never the user's input)."""
 

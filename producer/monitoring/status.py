@@ -19,7 +19,7 @@ from typing import Any
 from ledger.defaults import QUEUED_GRACE_S
 from ledger.reads import fetch_dicts, fetch_rows
 from ledger.runs import list_runs
-from ledger.states import BatchStatus, Quality, SampleStatus
+from ledger.states import REFUSED_PREFIX, BatchStatus, Quality, SampleStatus
 
 #: Window for "recent throughput": long enough to smooth over hour-long batches
 #: finishing one at a time on a few nodes, short enough to notice a slowdown.
@@ -127,6 +127,13 @@ _FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM (SELECT error FROM s
            "AND status = 'failed' LIMIT %(n)s) f GROUP BY 1")
 _BATCH_ERRORS = ("SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
                  "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10")
+#: Queued batches whose last attempt was refused by a worker that cannot run them (ledger/handbacks.py
+#: ``refused_reason``: "refused by <worker>: <why>"), by reason: no failure counts them, so without this
+#: line a run that no worker can serve would only wait. Bounded by the queue's window of batches.
+_REFUSED = ("SELECT substr(error, strpos(error, ': ') + 2) AS reason, count(*) AS batches, "
+            "count(DISTINCT substr(error, 1, strpos(error, ': '))) AS workers FROM batches "
+            "WHERE run_id = %(run)s AND status = 'queued' AND starts_with(error, %(prefix)s) "
+            "GROUP BY 1 ORDER BY 2 DESC LIMIT 3")
 # heartbeat_age_s: the oldest lease among the worker's batches, aged by the ledger's own clock.
 _WORKERS = ("SELECT worker, count(*) AS batches, max(heartbeat_at) AS heartbeat_at, "
             "round(extract(epoch FROM now() - min(heartbeat_at))::numeric, 1)::float AS heartbeat_age_s, "
@@ -141,6 +148,7 @@ def status_statements(run_id: int, *, grace_s: float = QUEUED_GRACE_S) -> list[t
             ("rejected rows", _REJECTED, run), ("batches by status", _BATCHES, run),
             ("recent throughput", _RECENT, {**run, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES}),
             ("failure reasons", _FAILED, {**run, "n": FAILED_REASONS_READ}), ("batch errors", _BATCH_ERRORS, run),
+            ("refused", _REFUSED, {**run, "prefix": REFUSED_PREFIX}),
             ("workers", _WORKERS, run), ("projection", _PROJECTION, run), ("redelivered", _REDELIVERED, run),
             ("fake engine", _FAKE, run),
             ("oldest queued", _OLDEST_QUEUED, {**run, "grace": grace_s, "n": BROKER_CHECK_LIMIT})]
@@ -165,6 +173,7 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
         recent_rows = fetch_rows(conn, _RECENT, {"run": rid, "w": RECENT_WINDOW_S, "n": RECENT_BATCHES})
         sample_failures = _counts(conn, _FAILED, rid, n=FAILED_REASONS_READ)
         batch_errors = fetch_dicts(conn, _BATCH_ERRORS, {"run": rid})
+        refused = fetch_dicts(conn, _REFUSED, {"run": rid, "prefix": REFUSED_PREFIX})
         workers = fetch_dicts(conn, _WORKERS, {"run": rid})
         ((fake_batches, fake_refusals),) = fetch_rows(conn, _FAKE, {"run": rid})
         recent, window_s = recent_throughput(recent_rows, done_batches=done)
@@ -196,6 +205,9 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
             # Added for issue 6 (estimates): total tokens projected from the samples done so far.
             "projection": token_projection(conn, rid, samples, recent[0] / window_s if recent[2] else 0.0),
             "batch_errors": batch_errors,
+            # Worker refusals (another model's worker, parsers its vLLM cannot build): no failure counted.
+            "refused": [{"reason": r["reason"], "batches": int(r["batches"]), "workers": int(r["workers"])}
+                        for r in refused],
             "broker": broker_figures(conn, rid, run.queue, broker_url),
             # worker/engine/fake.py: a benchmark run may be served by fake engines; a real run never is.
             "fake": {"benchmark": run.benchmark, "batches": int(fake_batches), "refusals": int(fake_refusals)},
@@ -319,6 +331,10 @@ def render_status(runs: list[dict]) -> str:
             lines.append("  failed    " + of + ", ".join(f"{k} {v}" for k, v in r["failed_reasons"].items()))
         for e in r["batch_errors"]:
             lines.append(f"  batch {e['seq']} [{e['status']}, {e['failures']} failures]: {str(e['error'])[:160]}")
+        for x in r.get("refused") or []:
+            lines.append(f"  REFUSED   {x['batches']:,} queued batches were last refused by a worker that cannot run "
+                         f"them ({x['workers']:,} workers), no failure counted: {x['reason'][:200]}; the run waits "
+                         "for a worker that can")
         lines.extend(_broker_lines(r))
         lines.extend(_fake_lines(r))
         for w in r["workers"]:

@@ -118,6 +118,10 @@ def render_run(run: dict, *, width: int, now: datetime, color: bool = False) -> 
         age = w.get("heartbeat_age_s")
         beat = f", heartbeat {format_duration(age)} ago" if age is not None else ""
         lines.append(_fit(f"  worker   {w['worker']}: {w['batches']} running{beat}", width))
+    for x in run.get("refused", []):
+        line = _fit(f"  ! REFUSED {x['batches']:,} queued batches, by {x['workers']:,} workers that cannot run them "
+                    f"(no failure counted): {x['reason']}", width)
+        lines.append(_paint(line, YELLOW, color))
     for e in run.get("batch_errors", []):
         line = _fit(f"  ! batch {e['seq']} [{e['status']}, {e['failures']} failures]: {e['error']}", width)
         lines.append(_paint(line, RED if e["status"] == "dead" else YELLOW, color))

@@ -175,6 +175,53 @@ def test_a_corrupt_input_shard_kills_only_its_batch_after_max_attempts(farm, fau
     assert (row.done, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (4, 4, 0, 0, 0)
 
 
+def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_failure_then_served(farm,
+                                                                                                 fault_report):
+    # A reasoning parser that vLLM's class cannot build on the tiny model's tokenizer (mistral's finds
+    # none of its tokens there): what a worker on another vLLM meets, as 0.26's mistral parser refused the
+    # Hugging Face tokenizer that 0.32's reads. Counting failures would let such workers kill batches
+    # that the rest of a mixed fleet could finish: each refusal is a hand-back instead.
+    data = farm["tmp"] / "refused.jsonl"
+    ids = write_prompts(data, 8, prefix="ref")
+    run_cli(["submit", str(data), "--run", "refused", "--model", farm["model"], "--output",
+             f"{farm['bucket']}/refused", "--batch-size", "4", "--max-tokens", "16", "--reasoning-parser", "mistral",
+             "--tool-parser", "none", "--queue", QUEUE], farm["env"])
+
+    def refused_twice():
+        with farm["sessions"]() as s:
+            rows = s.execute(text("SELECT b.attempts, b.failures, b.status, b.error FROM batches b JOIN runs r "
+                                  "ON r.id = b.run_id WHERE r.name = 'refused'")).all()
+        return len(rows) == 2 and all(r.attempts >= 2 and r.status == "queued" for r in rows) and rows
+
+    rows = wait_for(refused_twice, timeout_s=120, what="both batches refused twice", interval_s=0.5,
+                    on_timeout=lambda: farm["worker"].log()[-4000:])
+    assert {r.failures for r in rows} == {0}
+    assert all(r.error.startswith("refused by cpu0@f: ") and "cannot build the run's parsers" in r.error for r in rows), rows
+    # `regen status` says why the run waits: both batches refused, by the one worker, for that reason.
+    status = wait_for(lambda: (s := _status(farm, "refused"))["refused"] and s["refused"][0]["batches"] == 2 and s,
+                      timeout_s=30, what="status counting both refusals", interval_s=0.2)
+    [refused] = status["refused"]
+    assert refused["workers"] == 1 and "'mistral'" in refused["reason"] and not refused["reason"].startswith("refused")
+    assert status["samples"] == {**status["samples"], "done": 0, "failed": 0, "pending": 8}
+    text_out = run_cli(["status", "--run", "refused"], farm["env"]).stdout
+    assert "REFUSED" in text_out and "no failure counted" in text_out
+    assert "refused: this worker's vLLM cannot build the run's parsers" in farm["worker"].log()
+
+    # A worker that can build them takes the batches (here: the record names parsers this vLLM builds),
+    # and nothing was lost or counted against the batches on the way.
+    with farm["sessions"].begin() as s:
+        s.execute(text("""UPDATE runs SET sampling = sampling || '{"reasoning_parser": "qwen3"}'::jsonb """
+                       "WHERE name = 'refused'"))
+    _wait_settled(farm, "refused")
+    row = fault_report("run parsers this worker's vLLM cannot build",
+                       account(farm["sessions"], "refused", expected_ids=ids))
+    assert (row.done, row.failed, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (8, 0, 0, 0, 0, 0)
+    with farm["sessions"]() as s:
+        assert s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
+                              "WHERE r.name = 'refused'")).scalar_one() == 0
+    assert _status(farm, "refused")["refused"] == []
+
+
 def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_again(farm, pg_server, fault_report):
     # Stops the session's Postgres: skipped (saying why) where it is the machine's, shared with others.
     pg_server.require_own()

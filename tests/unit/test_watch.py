@@ -170,3 +170,12 @@ def test_a_ledger_outage_keeps_the_last_figures_under_a_notice():
     assert "ledger unreachable" not in first
     assert "! ledger unreachable (OperationalError); showing the last figures" in second
     assert "600 done" in second and "\x1b[" not in out.getvalue()
+
+
+def test_frame_says_when_workers_refuse_a_runs_batches():
+    refused = [{"reason": "this worker's vLLM cannot build the run's parsers (reasoning 'mistral')", "batches": 12,
+                "workers": 3}]
+    frame = render_watch([status(refused=refused)], width=200, now=NOW)
+    assert ("! REFUSED 12 queued batches, by 3 workers that cannot run them (no failure counted): this worker's "
+            "vLLM cannot build the run's parsers (reasoning 'mistral')") in frame
+    assert "REFUSED" not in render_watch([status()], width=200, now=NOW)

@@ -17,6 +17,8 @@ from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
+from ledger.states import refused_reason
+from targets.turn_parsers import ParserUnavailable
 from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
@@ -113,8 +115,16 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         log.info("batch %s attempt %s handed back before it started (held beyond this worker's share)",
                  msg.batch_id, attempt)
         raise Requeue("handed back before it started") from e
-    except (WrongModel, NotBenchmark) as e:
-        _hand_back(rt, msg.batch_id, attempt, str(e))
+    except (WrongModel, NotBenchmark, ParserUnavailable) as e:
+        # This worker cannot run the batch, whatever the batch holds: another model's, a real run
+        # on a fake engine, or parsers this worker's vLLM cannot build (a version that lacks the
+        # named class, or whose class refuses the model's tokenizer: vLLM 0.26's mistral parser
+        # did, 0.32's does not). Handed back with no failure counted, so on a mixed fleet a worker
+        # that can run it does; counting failures would let the workers that cannot kill batches
+        # the others could finish. A run that no worker can serve waits rather than dies: each
+        # refusal is logged as an error here and left on its batch, and `regen status` counts them.
+        log.error("batch %s (run %s, seq %s) refused: %s", msg.batch_id, run["name"], msg.seq, e)
+        _hand_back(rt, msg.batch_id, attempt, refused_reason(rt.options.name, str(e)))
         time.sleep(REFUSED_PAUSE_S)  # do not spin on a message this worker can never run
         raise Requeue(str(e)) from e
     except EngineDead as e:
