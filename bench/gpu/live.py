@@ -31,16 +31,22 @@ class Settings:
     batched: int
     #: False only for ``gmu``: the engine may use the blocks bench.gpu.steady holds back for --as-built.
     hold: bool = True
+    #: False only for ``offload=off``: an engine built with a CPU tier for its KV cache (vLLM's
+    #: ``kv_offloading_size``) recomputes a preempted request instead of loading it back from that tier.
+    loads: bool = True
 
 
 def parse_settings(spec: str, *, kv_tokens: int, footprint: float, default_cap: int,
                    default_batched: int) -> Settings:
-    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W`` | ``batched=N`` | ``gmu``, comma-joined.
+    """``default`` | ``cap=N`` | ``fill=F`` | ``watermark=W`` | ``batched=N`` | ``gmu`` | ``offload=off``,
+    comma-joined.
 
-    ``fill=F``: the running cap regen's sizing picks for F of the cache (worker/engine/sizing.py)."""
+    ``fill=F``: the running cap regen's sizing picks for F of the cache (worker/engine/sizing.py).
+    ``offload=off``: on an engine built with a CPU tier (``kv_offloading_size``), preempted requests are
+    recomputed as without one, while the tier still stores: what loading back is worth, on one engine."""
     from worker.engine.sizing import fitting_level
 
-    cap, watermark, batched, hold = default_cap, 0.0, default_batched, True
+    cap, watermark, batched, hold, loads = default_cap, 0.0, default_batched, True, True
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
         if key == "default":
@@ -55,10 +61,49 @@ def parse_settings(spec: str, *, kv_tokens: int, footprint: float, default_cap: 
             batched = int(value)
         elif key == "gmu":
             hold = False
+        elif key == "offload" and value in ("on", "off"):
+            loads = value == "on"
         else:
             raise SystemExit(f"--try {spec!r}: unknown setting {key!r} "
-                             "(default, cap=N, fill=F, watermark=W, batched=N, gmu)")
-    return Settings(spec, cap, watermark, batched, hold)
+                             "(default, cap=N, fill=F, watermark=W, batched=N, gmu, offload=on|off)")
+    return Settings(spec, cap, watermark, batched, hold, loads)
+
+
+NO_TIER = ("offload=off: this engine has no KV connector; build it with --engine-arg kv_offloading_size=GIB "
+           "(and offload_prompt_only false: docs/performance.md)")
+
+
+def check_tries(scheduler: Any, every: list[Settings]) -> None:
+    """Refuse settings this engine cannot run before the first of them, not minutes of device time in."""
+    if any(not s.loads for s in every) and getattr(scheduler, "connector", None) is None:
+        raise SystemExit(NO_TIER)
+
+
+def set_tier_loads(scheduler: Any, on: bool) -> None:
+    """Let the scheduler load preempted requests back from its KV connector's CPU tier, or not.
+
+    vLLM asks the connector, for each request it admits, how many of its tokens it can load
+    (``get_num_new_matched_tokens``). Off, the connector still does its bookkeeping (and keeps
+    storing every block), but the answer is 0: the request is recomputed, as on an engine without
+    the tier. A lookup the connector defers (``None``: transfers still in flight) stays deferred.
+    """
+    connector = getattr(scheduler, "connector", None)
+    if connector is None:
+        if on:
+            return
+        raise SystemExit(NO_TIER)
+    original = connector.__dict__.get("_regen_matched")
+    if original is None:
+        original = connector._regen_matched = connector.get_num_new_matched_tokens
+    if on:
+        connector.get_num_new_matched_tokens = original
+        return
+
+    def recompute_instead(request, num_computed_tokens, *args, **kwargs):
+        tokens, _ = original(request, num_computed_tokens, *args, **kwargs)
+        return (None, False) if tokens is None else (0, False)
+
+    connector.get_num_new_matched_tokens = recompute_instead
 
 
 @dataclass
@@ -117,6 +162,7 @@ class LiveEngine:
             scheduler.max_num_active_reqs = s.cap
         scheduler.max_num_scheduled_tokens = s.batched
         self.kv.watermark_blocks = int(s.watermark * self.kv.block_pool.num_gpu_blocks)
+        set_tier_loads(scheduler, s.loads)
 
     def engine_line(self) -> str:
         """What the engine was built with, for the benchmark's first line."""
@@ -125,4 +171,17 @@ class LiveEngine:
                 f"at gpu_memory_utilization {self.cache.gpu_memory_utilization}; max_num_seqs "
                 f"{self.scheduler.max_num_running_reqs}; batched tokens {self.scheduler.max_num_scheduled_tokens}; "
                 f"async scheduling {cfg.scheduler_config.async_scheduling}; cudagraph sizes up to "
-                f"{max(getattr(cfg.compilation_config, 'cudagraph_capture_sizes', None) or [0])}")
+                f"{max(getattr(cfg.compilation_config, 'cudagraph_capture_sizes', None) or [0])}"
+                f"{tier_line(cfg)}")
+
+
+def tier_line(cfg: Any) -> str:
+    """The KV cache's CPU tier, where the engine has one (vLLM's ``kv_offloading_size``)."""
+    kt = getattr(cfg, "kv_transfer_config", None)
+    if kt is None or not getattr(kt, "kv_connector", None):
+        return "; no CPU tier for the KV cache"
+    extra = kt.kv_connector_extra_config or {}
+    size = extra.get("cpu_bytes_to_use")
+    return (f"; KV cache's CPU tier: {kt.kv_connector}, "
+            f"{f'{float(size) / 2**30:.0f} GiB' if size else 'size not given'}, offload_prompt_only "
+            f"{extra.get('offload_prompt_only', 'not set (vLLM 0.26: True, only prompts kept)')}")

@@ -53,6 +53,8 @@ class Segment:
     watermark: float
     batched: int
     hold: bool
+    #: Preempted requests loaded back from the KV cache's CPU tier (``offload=off``: recomputed).
+    loads: bool = True
     seconds: float = 0.0
     tokens: int = 0
     scheduled: int = 0
@@ -67,21 +69,21 @@ class Segment:
 
     @classmethod
     def of(cls, s: Settings) -> Segment:
-        return cls(s.label, s.cap, s.watermark, s.batched, s.hold)
+        return cls(s.label, s.cap, s.watermark, s.batched, s.hold, s.loads)
 
     @property
     def settings(self) -> Settings:
-        return Settings(self.label, self.cap, self.watermark, self.batched, self.hold)
+        return Settings(self.label, self.cap, self.watermark, self.batched, self.hold, self.loads)
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def neighbour_controls(segments: list[Segment], i: int) -> list[Segment]:
-    """The ``default`` segments just before and just after segment ``i`` (one or two)."""
-    before = next((s for s in reversed(segments[:i]) if s.label == "default"), None)
-    after = next((s for s in segments[i + 1:] if s.label == "default"), None)
+def neighbour_controls(segments: list[Segment], i: int, control: str = "default") -> list[Segment]:
+    """The ``control`` segments (vLLM's defaults unless told) just before and just after segment ``i``."""
+    before = next((s for s in reversed(segments[:i]) if s.label == control), None)
+    after = next((s for s in segments[i + 1:] if s.label == control), None)
     return [s for s in (before, after) if s is not None]
 
 
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=0.35, help="share of a segment not measured")
     p.add_argument("--as-built", type=float, default=None,
                    help="gpu_memory_utilization every segment but `gmu` emulates, by holding blocks back")
+    p.add_argument("--control", default="default",
+                   help="the segments each candidate is compared with (a --try spec, as written): vLLM's defaults "
+                        "unless told, e.g. regen's own settings when the candidates are additions to them")
     p.add_argument("--try", dest="tries", action="append", default=[], help="one segment's settings (repeatable)")
     p.add_argument("--engine-arg", action="append", default=[])
     p.add_argument("--cpu", action="store_true", help="a smoke run on vLLM's CPU build (the tiny model)")
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     tries = args.tries or ["default", "fill=1.0", "default"]
 
     from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line, this_card
-    from bench.gpu.live import LiveEngine, parse_settings, time_mean
+    from bench.gpu.live import LiveEngine, check_tries, parse_settings, time_mean
     from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
 
@@ -226,15 +231,16 @@ def main(argv: list[str] | None = None) -> int:
             seg.preemptions = preemptions - pre
             seg.finished = done_requests - fin
 
+    every = [Segment.of(parse_settings(spec, kv_tokens=usable * block, footprint=moments.footprint(),
+                                       default_cap=default_cap, default_batched=default_batched)) for spec in tries]
+    check_tries(scheduler, [s.settings for s in every])
     warm = Segment("warm-up (default)", default_cap, 0.0, default_batched, True)
     print(f"[warm-up] {args.warm:.0f} s at vLLM's defaults, not measured", flush=True)
     apply(warm)
     run_for(args.warm, warm, measure_from=float("inf"))
     segments: list[Segment] = []
     try:
-        for spec in tries:
-            seg = Segment.of(parse_settings(spec, kv_tokens=usable * block, footprint=moments.footprint(),
-                                            default_cap=default_cap, default_batched=default_batched))
+        for seg in every:
             apply(seg)
             start = time.perf_counter()
             with GpuSampler() as gpu:  # the card's memory peak: what the engine used beyond its budget, if anything
@@ -252,14 +258,14 @@ def main(argv: list[str] | None = None) -> int:
 
     kv_bytes = shape.kv_bytes_per_token
     print(f"\nsteady state, {args.segment:.0f} s a setting, measured over its last {1 - args.settle:.0%}; each "
-          "compared with the mean of the `default` segments beside it")
+          "compared with the mean of the control segments (`" + args.control + "`) beside it")
     print("| setting | cap | watermark | batched | cache (tokens) | output tok/s | / controls beside | scheduled tok/s "
           "| preemptions /min | ended /min | preempted waiting (start -> end) | running (mean) | live KV tokens (mean) "
           "| bound at that concurrency |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for i, s in enumerate(segments):
-        controls = neighbour_controls(segments, i)
-        base = sum(c.tok_s for c in controls) / len(controls) if controls and s.label != "default" else 0.0
+        controls = neighbour_controls(segments, i, args.control)
+        base = sum(c.tok_s for c in controls) / len(controls) if controls and s.label != args.control else 0.0
         ratio = f"{s.tok_s / base:.3f}" if base else "-"
         running, live = time_mean(s.running), time_mean(s.live)
         per_min = 60.0 / s.seconds if s.seconds else 0.0
@@ -269,15 +275,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.finished * per_min:,.0f} | {s.debt[0][0]} ({s.debt[0][1]:,} tok) -> {s.debt[1][0]} "
               f"({s.debt[1][1]:,} tok) | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "
               f"{CPU_NO_BOUND if args.cpu else bound_line(shape, running, live, s.tok_s, card=card)} |")
-    defaults = [s.tok_s for s in segments if s.label == "default"]
+    defaults = [s.tok_s for s in segments if s.label == args.control]
     if defaults:
         spread = (max(defaults) - min(defaults)) / (sum(defaults) / len(defaults))
-        print(f"\nthe `default` segments: {', '.join(f'{x:,.0f}' for x in defaults)} tok/s (spread {spread:.1%}: "
-              "a difference smaller than that is noise)")
+        print(f"\nthe control segments (`{args.control}`): {', '.join(f'{x:,.0f}' for x in defaults)} tok/s "
+              f"(spread {spread:.1%}: a difference smaller than that is noise)")
         best = max(segments, key=lambda s: s.tok_s)
         print(f"best: {best.label} ({best.tok_s:,.0f} tok/s)" + (
             f"; {CPU_NO_BOUND}" if args.cpu else
-            f": {seed_hours_line(best.tok_s, card=card)}; defaults' mean: "
+            f": {seed_hours_line(best.tok_s, card=card)}; controls' mean: "
             f"{seed_hours_line(sum(defaults) / len(defaults), card=card)}"))
     print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
     bare.shutdown()

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     tries = args.tries or ["default", "fill=1.0", "fill=0.9"]
 
     from bench.gpu.bound import CPU_NO_BOUND, Shape, bound_line, seed_hours_line, this_card
-    from bench.gpu.live import LiveEngine, parse_settings, time_mean
+    from bench.gpu.live import LiveEngine, check_tries, parse_settings, time_mean
     from bench.gpu.smi import GpuSampler
     from bench.prompts import throughput_rows
     from bench.system_run import steady_tok_s
@@ -136,15 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     trials: list[Trial] = []
     original_preempt = scheduler._preempt_request
     step = engine.step
-    for spec in tries:
-        settings = parse_settings(spec, kv_tokens=kv_tokens, footprint=moments.footprint(),
-                                  default_cap=default_cap, default_batched=default_batched)
+    every = [parse_settings(spec, kv_tokens=kv_tokens, footprint=moments.footprint(), default_cap=default_cap,
+                            default_batched=default_batched) for spec in tries]
+    for settings in every:  # refused before the first run, not minutes of device time into the sweep
         if not settings.hold:
-            raise SystemExit(f"--try {spec!r}: gmu needs held-back blocks: bench.gpu.steady --as-built")
+            raise SystemExit(f"--try {settings.label!r}: gmu needs held-back blocks: bench.gpu.steady --as-built")
+    check_tries(scheduler, every)
+    for settings in every:
         label, cap, watermark = settings.label, settings.cap, settings.watermark
         trial = Trial(label, cap, watermark)
         live.apply(settings)
-        bare.llm.reset_prefix_cache()
+        # The same prompts would prefill for free from the last run's cache, or from its CPU tier.
+        bare.llm.reset_prefix_cache(reset_connector=True)
 
         def counting_preempt(request, timestamp, *args, _t=trial, **kwargs):
             # Passes through what the scheduler gives: 0.32 added drop_stale_output= to 0.26's (request, timestamp).
