@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ledger.db import make_engine
 from ledger.dispatch import DEFAULT_QUEUE
 from ledger.settings import Settings
-from ledger.states import BatchStatus, SampleStatus
+from ledger.states import REFUSED_PREFIX, BatchStatus, SampleStatus
 
 from .status import sample_counts
 
@@ -111,8 +111,9 @@ def read_ledger(db: Engine, cache: SampleCountCache) -> LedgerFigures:
                 "SELECT run_id, status, count(*) AS n, coalesce(sum(completion_tokens), 0) AS completion, "
                 "coalesce(sum(prompt_tokens), 0) AS prompt, coalesce(sum(failures), 0) AS failures, "
                 "coalesce(sum(n_samples), 0) AS n_samples, extract(epoch FROM max(finished_at)) AS last_finished, "
-                "count(*) FILTER (WHERE fake) AS fake, coalesce(sum(fake_refusals), 0) AS fake_refusals "
-                "FROM batches GROUP BY run_id, status")).mappings():
+                "count(*) FILTER (WHERE fake) AS fake, coalesce(sum(fake_refusals), 0) AS fake_refusals, "
+                "count(*) FILTER (WHERE starts_with(error, :refused)) AS refused "
+                "FROM batches GROUP BY run_id, status"), {"refused": REFUSED_PREFIX}).mappings():
             figures.batches[(r["run_id"], r["status"])] = dict(r)
         for run in figures.runs:
             # Sample statuses change only when a batch commits (done count) or batches are added.
@@ -189,6 +190,9 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
                              "device: random token ids; export leaves them out)", labels=["run"])
     refusals = CounterMetricFamily("regen_fake_refusals", "Deliveries of a run refused by fake-engine workers: "
                                    "the run was not submitted with --benchmark", labels=["run"])
+    refused = GaugeMetricFamily("regen_refused_batches", "Queued batches of a run whose last attempt a worker "
+                                "refused (another model's worker, or parsers its vLLM cannot build): no failure "
+                                "counted, so a run no worker can serve only waits; alert on it", labels=["run"])
     for run in ledger.runs:
         rid, name = run["id"], run["name"]
         info.add_metric([name, run["model"], run["queue"], run["status"]], 1.0)
@@ -208,6 +212,8 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
         failures.add_metric([name], float(sum(int(r["failures"]) for r in rows.values() if r)))
         fake.add_metric([name], committed["fake"] if committed else 0)
         refusals.add_metric([name], float(sum(int(r["fake_refusals"]) for r in rows.values() if r)))
+        queued = rows[BatchStatus.QUEUED.value]
+        refused.add_metric([name], int(queued["refused"]) if queued else 0)
         if committed and committed["last_finished"] is not None:
             last.add_metric([name], float(committed["last_finished"]))
     rejected = GaugeMetricFamily("regen_rejected_rows", "Input rows that never became samples, by reason "
@@ -227,7 +233,7 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
     for worker, age_s in sorted(ages.items()):
         heartbeat.add_metric([worker], age_s)
     return [info, batches, samples, quality, completion, prompt, done, batches_done, failures, last, rejected, running,
-            heartbeat, fake, refusals]
+            heartbeat, fake, refusals, refused]
 
 
 def _queues(ledger: LedgerFigures | None, extra: Sequence[str]) -> list[str]:

@@ -25,6 +25,7 @@ from ledger.dispatch import TASK_NAME, make_celery
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 from local.services import answers
+from producer.monitoring.metrics import collect
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.fixtures.worker import EAGER_ENGINE_ARGS, TEST_ENGINE_ENV, WorkerProc, _Descendants
@@ -206,6 +207,9 @@ def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_f
     text_out = run_cli(["status", "--run", "refused"], farm["env"]).stdout
     assert "REFUSED" in text_out and "no failure counted" in text_out
     assert "refused: this worker's vLLM cannot build the run's parsers" in farm["worker"].log()
+    # The exporter's gauge, for an alert (a batch is claimed again every ~5 s: between two claims, both show).
+    wait_for(lambda: _refused_gauge(farm, "refused") == [2], timeout_s=30, what="regen_refused_batches at 2",
+             interval_s=0.2)
 
     # A worker that can build them takes the batches (here: the record names parsers this vLLM builds),
     # and nothing was lost or counted against the batches on the way.
@@ -220,6 +224,12 @@ def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_f
         assert s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
                               "WHERE r.name = 'refused'")).scalar_one() == 0
     assert _status(farm, "refused")["refused"] == []
+    assert _refused_gauge(farm, "refused") == [0]
+
+
+def _refused_gauge(farm, run: str) -> list[float]:
+    scrape = {m.name: m for m in collect(farm["settings"])}
+    return [s.value for s in scrape["regen_refused_batches"].samples if s.labels == {"run": run}]
 
 
 def test_an_uploaded_batch_is_recorded_after_a_postgres_restart_not_generated_again(farm, pg_server, fault_report):
