@@ -92,7 +92,7 @@ def set_tier_loads(scheduler: Any, on: bool) -> None:
         if on:
             return
         raise SystemExit(NO_TIER)
-    original = connector.__dict__.get("_regen_matched")
+    original = getattr(connector, "_regen_matched", None)
     if original is None:
         original = connector._regen_matched = connector.get_num_new_matched_tokens
     if on:
