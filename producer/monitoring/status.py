@@ -127,7 +127,7 @@ _FAILED = ("SELECT split_part(error, ':', 1), count(*) FROM (SELECT error FROM s
            "AND status = 'failed' LIMIT %(n)s) f GROUP BY 1")
 _BATCH_ERRORS = ("SELECT seq, status, failures, error FROM batches WHERE run_id = %(run)s AND error IS NOT NULL "
                  "AND status IN ('dead', 'queued') ORDER BY (status = 'dead') DESC, seq LIMIT 10")
-#: Queued batches whose last attempt was refused by a worker that cannot run them (ledger/handbacks.py
+#: Queued batches whose last attempt was refused by a worker that cannot run them (ledger/states.py
 #: ``refused_reason``: "refused by <worker>: <why>"), by reason: no failure counts them, so without this
 #: line a run that no worker can serve would only wait. Bounded by the queue's window of batches.
 _REFUSED = ("SELECT substr(error, strpos(error, ': ') + 2) AS reason, count(*) AS batches, "
