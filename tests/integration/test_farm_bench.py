@@ -105,11 +105,11 @@ def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer
         wait_for(lambda: _running_batches(pg_server.admin_dsn, before) > 0, timeout_s=240, interval_s=1.0,
                  what="the farm's workers holding batches",
                  on_timeout=lambda: (tmp_path / "bench.log").read_text(errors="replace")[-3000:])
-        started = psutil.Process(bench.pid).children(recursive=True)
+        started = _described(psutil.Process(bench.pid).children(recursive=True))
         services = ("moto", "redis-server", "pgbouncer", "worker.process.reaper")
-        workers = [p for p in started if p.ppid() == bench.pid and not any(s in " ".join(p.cmdline()) for s in services)]
-        assert len(started) >= 12 and len(workers) >= 8, [f"{p.pid} {p.cmdline()[:4]}" for p in started]
-        pids = {p.pid for p in started}
+        workers = [pid for pid, ppid, cmd in started if ppid == bench.pid and not any(s in cmd for s in services)]
+        assert len(started) >= 12 and len(workers) >= 8, [f"{pid} {cmd[:120]}" for pid, _, cmd in started]
+        pids = {pid for pid, _, _ in started}
         bench.send_signal(signal.SIGKILL)
         bench.wait(10)
         # The reaper's bound is ~20 s (worker/process/reaper.py); the wait gives a loaded machine room.
@@ -121,6 +121,18 @@ def test_a_farm_bench_killed_with_sigkill_leaves_no_process(pg_server, pgbouncer
             bench.wait()
         log.close()
         _drop(pg_server.admin_dsn, _farm_databases(pg_server.admin_dsn) - before)  # what the SIGKILL left
+
+
+def _described(procs: list[psutil.Process]) -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of each process still there when looked at: a short-lived helper
+    may end between the listing and the look (CI once failed on one with NoSuchProcess)."""
+    out = []
+    for p in procs:
+        try:
+            out.append((p.pid, p.ppid(), " ".join(p.cmdline())))
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def _drop(admin_dsn: str, names: set[str]) -> None:
