@@ -48,13 +48,8 @@ from bench.gpu.live import Settings
 
 @dataclass
 class Segment:
-    label: str
-    cap: int
-    watermark: float
-    batched: int
-    hold: bool
-    #: Preempted requests loaded back from the KV cache's CPU tier (``offload=off``: recomputed).
-    loads: bool = True
+    #: What the live scheduler is set to for this segment (bench/gpu/live.py).
+    settings: Settings
     seconds: float = 0.0
     tokens: int = 0
     scheduled: int = 0
@@ -67,13 +62,13 @@ class Segment:
     running: list[tuple[float, float]] = field(default_factory=list)
     live: list[tuple[float, float]] = field(default_factory=list)
 
-    @classmethod
-    def of(cls, s: Settings) -> Segment:
-        return cls(s.label, s.cap, s.watermark, s.batched, s.hold, s.loads)
+    @property
+    def label(self) -> str:
+        return self.settings.label
 
     @property
-    def settings(self) -> Settings:
-        return Settings(self.label, self.cap, self.watermark, self.batched, self.hold, self.loads)
+    def hold(self) -> bool:
+        return self.settings.hold
 
     @property
     def tok_s(self) -> float:
@@ -231,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             seg.preemptions = preemptions - pre
             seg.finished = done_requests - fin
 
-    every = [Segment.of(parse_settings(spec, kv_tokens=usable * block, footprint=moments.footprint(),
-                                       default_cap=default_cap, default_batched=default_batched)) for spec in tries]
+    every = [Segment(parse_settings(spec, kv_tokens=usable * block, footprint=moments.footprint(),
+                                    default_cap=default_cap, default_batched=default_batched)) for spec in tries]
     check_tries(scheduler, [s.settings for s in every])
-    warm = Segment("warm-up (default)", default_cap, 0.0, default_batched, True)
+    warm = Segment(Settings("warm-up (default)", default_cap, 0.0, default_batched))
     print(f"[warm-up] {args.warm:.0f} s at vLLM's defaults, not measured", flush=True)
     apply(warm)
     run_for(args.warm, warm, measure_from=float("inf"))
@@ -246,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             with GpuSampler() as gpu:  # the card's memory peak: what the engine used beyond its budget, if anything
                 run_for(args.segment, seg, measure_from=start + args.settle * args.segment)
             segments.append(seg)
-            print(f"[{seg.label}] cap {seg.cap}, watermark {seg.watermark}, batched {seg.batched}, "
+            print(f"[{seg.label}] cap {seg.settings.cap}, watermark {seg.settings.watermark}, "
+                  f"batched {seg.settings.batched}, "
                   f"{'held back' if held else 'whole cache'}: {seg.tokens:,} tokens in {seg.seconds:.0f} s = "
                   f"{seg.tok_s:,.0f} tok/s; {seg.preemptions:,} preemptions; running {time_mean(seg.running):.0f}; "
                   f"preempted and waiting: {seg.debt[0][0]} ({seg.debt[0][1]:,} tokens) -> {seg.debt[1][0]} "
@@ -270,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         running, live = time_mean(s.running), time_mean(s.live)
         per_min = 60.0 / s.seconds if s.seconds else 0.0
         cache_tokens = (usable if s.hold else blocks) * block
-        print(f"| {s.label} | {s.cap} | {s.watermark} | {s.batched} | {cache_tokens:,} | {s.tok_s:,.0f} | {ratio} | "
+        print(f"| {s.label} | {s.settings.cap} | {s.settings.watermark} | {s.settings.batched} | {cache_tokens:,} | {s.tok_s:,.0f} | {ratio} | "
               f"{s.scheduled / s.seconds if s.seconds else 0:,.0f} | {s.preemptions * per_min:,.0f} | "
               f"{s.finished * per_min:,.0f} | {s.debt[0][0]} ({s.debt[0][1]:,} tok) -> {s.debt[1][0]} "
               f"({s.debt[1][1]:,} tok) | {running:.0f} | {live:,.0f} ({live * kv_bytes / 1e9:.1f} GB) | "

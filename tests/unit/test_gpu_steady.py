@@ -23,8 +23,8 @@ def test_each_setting_changes_only_what_it_names():
     off = parse_settings("watermark=0.01,offload=off", **KW)
     assert (off.watermark, off.loads) == (0.01, False)
     # A segment carries its settings unchanged to the live scheduler.
-    assert Segment.of(fill).settings == fill
-    assert Segment.of(off).settings == off
+    assert Segment(fill).settings == fill
+    assert Segment(off).settings == off
 
 
 def test_an_unknown_setting_is_refused_by_name():
@@ -34,7 +34,7 @@ def test_an_unknown_setting_is_refused_by_name():
 
 def test_each_candidate_is_compared_with_the_defaults_just_beside_it():
     labels = ["default", "fill=1.0", "default", "watermark=0.01", "default", "gmu"]
-    segs = [Segment(x, 1024, 0.0, 16_384, True) for x in labels]
+    segs = [Segment(Settings(x, 1024, 0.0, 16_384)) for x in labels]
     assert neighbour_controls(segs, 1) == [segs[0], segs[2]]
     assert neighbour_controls(segs, 3) == [segs[2], segs[4]]
     assert neighbour_controls(segs, 5) == [segs[4]]  # the last: one control, before it
