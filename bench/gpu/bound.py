@@ -22,9 +22,6 @@ from pathlib import Path
 
 from producer.estimate.arithmetic import GPU_BANDWIDTH_TBPS
 
-#: Bytes per second, the H200 SXM's datasheet figure.
-H200_BANDWIDTH = GPU_BANDWIDTH_TBPS["H200"] * 1e12
-
 
 @dataclass(frozen=True)
 class Card:
@@ -34,6 +31,12 @@ class Card:
     bandwidth: float | None    # bytes/s; None: not in CARDS, so no bound is printed
 
 
+#: The card the issue's figures are stated on: what a caller that names none means.
+H200 = Card("H200", GPU_BANDWIDTH_TBPS["H200"] * 1e12)
+#: Bytes per second, the H200 SXM's datasheet figure.
+H200_BANDWIDTH = H200.bandwidth
+
+
 #: ``regen estimate --gpu``'s datasheet bandwidths (TB/s, keyed by the names people type): the cards both know
 #: take their figure from there, so the bench's bound and the estimate's scaling cannot drift apart.
 _TB = {name: tb_s * 1e12 for name, tb_s in GPU_BANDWIDTH_TBPS.items()}
@@ -41,7 +44,7 @@ _TB = {name: tb_s * 1e12 for name, tb_s in GPU_BANDWIDTH_TBPS.items()}
 #: datasheet memory bandwidth. The lent machines are H200 (4.8 TB/s) and H100 SXM "80GB HBM3" (3.35 TB/s).
 CARDS: tuple[tuple[str, Card], ...] = (
     ("GH200", Card("GH200", None)),         # 96 GB HBM3 (4.0 TB/s) or 144 GB HBM3e (4.9 TB/s): the name alone can't tell
-    ("H200", Card("H200", _TB["H200"])),
+    ("H200", H200),
     ("H100 NVL", Card("H100 NVL", 3.9e12)),
     ("H100 PCIe", Card("H100 PCIe", 2.0e12)),
     ("H100", Card("H100 SXM", _TB["H100"])),      # "NVIDIA H100 80GB HBM3"
@@ -52,8 +55,6 @@ CARDS: tuple[tuple[str, Card], ...] = (
     ("L40S", Card("L40S", _TB["L40S"])),
     ("RTX PRO 6000", Card("RTX PRO 6000", _TB["RTX-PRO-6000"])),
 )
-#: The card the issue's figures are stated on: what a caller that names none means.
-H200 = Card("H200", H200_BANDWIDTH)
 
 
 def card_of(name: str) -> Card:
@@ -65,16 +66,11 @@ def card_of(name: str) -> Card:
 
 
 def this_card() -> Card:
-    """The first GPU nvidia-smi lists here (the benchmarks run on one), or an unknown one where it lists none."""
-    import subprocess
+    """The first GPU visible here (the benchmarks run on one), or an unknown one where nvidia-smi lists none."""
+    from worker.engine.gpu_memory import gpu_cards  # regen's one nvidia-smi query
 
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    names = [line.strip() for line in out.splitlines() if line.strip()]
-    return card_of(names[0]) if names else Card("unknown GPU", None)
+    cards = gpu_cards()
+    return card_of(cards[0].name) if cards and cards[0].name else Card("unknown GPU", None)
 
 
 #: What a CPU smoke run prints where a GPU run prints the bound and the seed's GPU-hours: a CPU run

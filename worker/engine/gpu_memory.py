@@ -43,7 +43,8 @@ def gpu_cards(cuda_visible: str | None = None) -> list[Card] | None:
     """Each visible card, read by one nvidia-smi query; None where it cannot tell.
 
     The one place regen asks the driver about its cards: the share of the card (below) and the
-    max_num_seqs vLLM will pick (worker/engine/host.py) both read it.
+    max_num_seqs vLLM will pick (worker/engine/host.py) both read it, and the benchmarks' bound its card
+    (bench/gpu/bound.py ``this_card``).
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible is None else cuda_visible
     query = ["nvidia-smi", "--query-gpu=memory.total,memory.used,name", "--format=csv,noheader,nounits"]
