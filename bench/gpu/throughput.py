@@ -337,13 +337,16 @@ BARE_WHAT = {"a": "bare LLM.generate, all requests at once, vLLM's defaults",
 
 
 def vllm_defaults(settings: dict, user: dict, *, on_cpu: bool) -> dict:
-    """(a)'s settings: the worker's, less what regen chooses on GPUs (REGEN_GPU_CHOICES) unless the user set it too.
+    """(a)'s settings: the worker's, less what regen chooses on GPUs unless the user set it too.
 
     On the CPU regen's settings are what the CPU build needs to run at all (worker/engine/host.py),
     so (a) keeps them."""
     if on_cpu:
         return dict(settings)
-    return {k: v for k, v in settings.items() if k not in REGEN_GPU_CHOICES or k in user}
+    # kv_transfer_config: regen's offload_prompt_only where the user asked for a CPU tier (worker/engine/kv_tier.py);
+    # (a) builds the tier as vLLM would from the user's words.
+    regen_chose = {*REGEN_GPU_CHOICES, "kv_transfer_config"}
+    return {k: v for k, v in settings.items() if k not in regen_chose or k in user}
 
 
 def worker_kv_tokens(log: str) -> int:

@@ -42,7 +42,7 @@ from ledger.errors import ConfigError
 from worker.conversation.generation import generate_batch
 from worker.conversation.rendering import Renderer
 from worker.engine.args import parse_engine_args
-from worker.engine.host import EngineHost, engine_defaults
+from worker.engine.host import EngineHost
 
 log = logging.getLogger("regen.probe")
 
@@ -345,16 +345,10 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
         "model": run["model"],
         "engine_version": engine.engine_version,
         "max_model_len": engine.max_model_len,
-        "engine_args": {**engine_defaults(_on_cpu()), **engine_args, "max_num_seqs": engine.max_num_seqs},
+        "engine_args": {**engine.chosen_args, "max_num_seqs": engine.max_num_seqs},
         "load_s": round(load_s, 2),
         "sampling": run["sampling"],
     }
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
 
 
 def write_json_atomically(path: str | Path, data: dict) -> None:

@@ -1,0 +1,66 @@
+"""The KV cache's CPU tier: when a user asks for one, make it keep what a regen run loses.
+
+vLLM (0.26-0.32) builds a host-memory tier for the KV cache from ``kv_offloading_size=GIB``
+(its native OffloadingConnector): every full KV block is copied to pinned host memory, and a
+request that comes back to the engine loads what the tier holds of it instead of recomputing it.
+In a regen run the blocks worth keeping are the *generated* ones: where the cache is the limit (long
+thinking traces: the seed's regime), requests are preempted mid-answer, lose their blocks, and come
+back as a prefill of prompt + everything generated so far (docs/performance.md, "Preemption without
+recomputation").
+
+But vLLM's connector keeps **prompt blocks only** unless told otherwise (``offload_prompt_only``,
+default True: vllm/v1/kv_offload/base.py, aimed at serving, where a multi-turn chat reuses prompts
+and drops the reasoning). So a user who types ``--engine-arg kv_offloading_size=40`` gets a tier that
+holds nothing of a preempted thinking trace but its ~100-token prompt. regen sets
+``offload_prompt_only`` to False in that case, unless the user set it: copying every generated block
+once costs the PCIe link ~1 GB/s at 4K tokens a second of the 32B shape (256 KiB a token), against
+tens of GB/s it carries.
+
+regen does not turn the tier on by itself: what loads save against what the copies cost has not been
+measured on a GPU yet (vLLM's CPU build refuses the tier), so it stays the user's engine argument.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ledger.errors import ConfigError
+
+#: vLLM's native backend: the one whose connector reads ``offload_prompt_only`` (LMCache's does not).
+NATIVE = "native"
+
+
+def tier_requested(args: dict[str, Any]) -> bool:
+    """Whether these engine args build vLLM's native CPU tier."""
+    size = args.get("kv_offloading_size")
+    return size is not None and float(size) > 0 and args.get("kv_offloading_backend", NATIVE) == NATIVE
+
+
+def keep_generated_blocks(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with the tier told to keep generated blocks too, where a native tier is asked for.
+
+    Only ``kv_transfer_config.kv_connector_extra_config.offload_prompt_only`` is added, and only when
+    absent: the user's explicit value wins, and everything else in their config is kept (vLLM merges
+    ``cpu_bytes_to_use`` into the same extra config). Returns ``args`` itself when nothing changes.
+
+    Raises:
+        ConfigError: ``kv_transfer_config`` or its extra config is given but is not a JSON object.
+    """
+    if not tier_requested(args):
+        return args
+    transfer = args.get("kv_transfer_config")
+    if transfer is None:
+        transfer = {}
+    if not isinstance(transfer, dict):
+        raise ConfigError(f"kv_transfer_config must be a JSON object, got {transfer!r}")
+    extra = transfer.get("kv_connector_extra_config")
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise ConfigError(f"kv_transfer_config.kv_connector_extra_config must be a JSON object, got {extra!r}")
+    if "offload_prompt_only" in extra:
+        return args
+    transfer = copy.deepcopy(transfer)
+    transfer["kv_connector_extra_config"] = {**extra, "offload_prompt_only": False}
+    return {**args, "kv_transfer_config": transfer}
