@@ -66,3 +66,15 @@ def test_the_gpu_benchmark_prices_regens_tier_against_the_one_vllm_builds():
     assert _prompt_only(bare) and bare["kv_offloading_size"] == 40  # (a): the tier as a user's LLM(...) gets it
     _, regens, bare = phase_settings([], ["kv_offloading_size=40"], on_cpu=False)
     assert not _prompt_only(regens) and "kv_offloading_size" not in bare  # a candidate reaches regen's phases only
+
+
+def test_a_tier_the_host_cannot_pin_is_refused_by_name():
+    from worker.engine.kv_tier import HOST_SHARE, check_host_memory
+
+    check_host_memory({"kv_offloading_size": 40}, available_bytes=64 * 2**30)  # 40 of 64 GiB: 62%, fits
+    with pytest.raises(ConfigError, match=r"kv_offloading_size=40: .* pin 40 GiB where the host has 48 GiB"):
+        check_host_memory({"kv_offloading_size": 40}, available_bytes=48 * 2**30)  # 83% > HOST_SHARE
+    assert HOST_SHARE < 40 / 48
+    check_host_memory({"watermark": 0.01}, available_bytes=0)  # no tier: nothing to check
+    with pytest.raises(ConfigError, match="give each engine on this node a smaller tier"):
+        check_host_memory({"kv_offloading_size": 2**20})  # this host's own memory, read: no host pins a PiB

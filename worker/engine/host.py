@@ -26,7 +26,7 @@ from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
 from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
-from worker.engine.kv_tier import keep_generated_blocks
+from worker.engine.kv_tier import check_host_memory, keep_generated_blocks
 from worker.engine.loop import LoopHost
 from worker.engine.occupancy import REPORT_S, OccupancySampler
 from worker.engine.stats import SchedulerRecorder, attach, stats_wanted
@@ -165,6 +165,7 @@ class EngineHost(LoopHost):
 
         # A CPU tier the user asked for keeps generated blocks too, not only prompts (worker/engine/kv_tier.py).
         args = keep_generated_blocks({**engine_defaults(current_platform.is_cpu()), **self.engine_args})
+        check_host_memory(args)
         self.chosen_args = {k: v for k, v in args.items() if k != "disable_log_stats"}
         if stats_wanted():
             args["disable_log_stats"] = False  # a diagnosis (worker/engine/stats.py), never the default

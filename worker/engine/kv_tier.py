@@ -30,6 +30,11 @@ from ledger.errors import ConfigError
 #: vLLM's native backend: the one whose connector reads ``offload_prompt_only`` (LMCache's does not).
 NATIVE = "native"
 
+#: The most of the host's available memory one engine's tier may pin. Pinned pages cannot be swapped:
+#: a node whose engines pin more than it has is one the kernel's OOM killer picks processes from (a
+#: worker, Postgres' client, sshd) rather than one that refuses to start.
+HOST_SHARE = 0.8
+
 
 def tier_requested(args: dict[str, Any]) -> bool:
     """Whether these engine args build vLLM's native CPU tier."""
@@ -64,3 +69,27 @@ def keep_generated_blocks(args: dict[str, Any]) -> dict[str, Any]:
     transfer = copy.deepcopy(transfer)
     transfer["kv_connector_extra_config"] = {**extra, "offload_prompt_only": False}
     return {**args, "kv_transfer_config": transfer}
+
+
+def check_host_memory(args: dict[str, Any], available_bytes: int | None = None) -> None:
+    """Refuse a tier larger than the host can pin, before the engine pins it.
+
+    The node's engines start one after another, each pinning its tier, so the engine that would
+    overcommit the host is the one refused, by name, instead of the OOM killer choosing a victim.
+
+    Raises:
+        ConfigError: the tier is more than ``HOST_SHARE`` of the host's available memory.
+    """
+    if not tier_requested(args):
+        return
+    size_gib = float(args["kv_offloading_size"])
+    if available_bytes is None:
+        import psutil  # vLLM's own dependency: present wherever an engine is built, not in the control plane
+
+        available_bytes = psutil.virtual_memory().available
+    available = available_bytes
+    if size_gib * 2**30 > HOST_SHARE * available:
+        raise ConfigError(
+            f"kv_offloading_size={args['kv_offloading_size']}: this engine's CPU tier would pin {size_gib:.0f} GiB "
+            f"where the host has {available / 2**30:.0f} GiB available (at most {HOST_SHARE:.0%} of it may be "
+            "pinned); give each engine on this node a smaller tier")
