@@ -8,6 +8,7 @@ In the order a conversation passes through::
     host.py        EngineHost: vLLM's AsyncLLM on its own event loop (loop.py), shared by all batches
       args.py      ``--engine-arg k=v`` pairs to vLLM's engine arguments
       gpu_memory.py  the share of its card the engine takes (more than vLLM's on a card of its own)
+      kv_tier.py   a CPU tier for the KV cache, when asked for: keeps generated blocks, fits the host
     occupancy.py   how full the engine was, sampled (read by worker/batches/holding.py)
     stats.py       vLLM's scheduler stats, for a diagnosis only (REGEN_ENGINE_STATS=1)
 
