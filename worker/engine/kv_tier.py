@@ -1,6 +1,6 @@
 """The KV cache's CPU tier: when a user asks for one, make it keep what a regen run loses.
 
-vLLM (0.26-0.32) builds a host-memory tier for the KV cache from ``kv_offloading_size=GIB``
+vLLM (0.26 and 0.32, read in their source) builds a host-memory tier for the KV cache from ``kv_offloading_size=GIB``
 (its native OffloadingConnector): every full KV block is copied to pinned host memory, and a
 request that comes back to the engine loads what the tier holds of it instead of recomputing it.
 In a regen run the blocks worth keeping are the *generated* ones: where the cache is the limit (long
@@ -87,9 +87,8 @@ def check_host_memory(args: dict[str, Any], available_bytes: int | None = None) 
         import psutil  # vLLM's own dependency: present wherever an engine is built, not in the control plane
 
         available_bytes = psutil.virtual_memory().available
-    available = available_bytes
-    if size_gib * 2**30 > HOST_SHARE * available:
+    if size_gib * 2**30 > HOST_SHARE * available_bytes:
         raise ConfigError(
-            f"kv_offloading_size={args['kv_offloading_size']}: this engine's CPU tier would pin {size_gib:.0f} GiB "
-            f"where the host has {available / 2**30:.0f} GiB available (at most {HOST_SHARE:.0%} of it may be "
+            f"kv_offloading_size={args['kv_offloading_size']}: this engine's CPU tier would pin {size_gib:g} GiB "
+            f"where the host has {available_bytes / 2**30:.0f} GiB available (at most {HOST_SHARE:.0%} of it may be "
             "pinned); give each engine on this node a smaller tier")
