@@ -1,5 +1,6 @@
 """Faults one worker must survive, each injected for real: S3 errors through a fault proxy, poison
-samples and shards, a Postgres restart mid-commit, a disallowed message, an engine killed like an OOM.
+samples and shards, a Postgres restart mid-commit, a disallowed message, an engine killed like an OOM,
+parsers a worker's vLLM cannot build, an engine a worker cannot build.
 
 One worker process serves the whole module (an engine load costs ~20-60 s); each
 test uses its own run. The worker talks to S3 through the fault proxy; the test
@@ -225,6 +226,69 @@ def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_f
                               "WHERE r.name = 'refused'")).scalar_one() == 0
     assert _status(farm, "refused")["refused"] == []
     assert _refused_gauge(farm, "refused") == [0]
+
+
+def _start_worker(farm, node: str, queue: str, *extra: str) -> WorkerProc:
+    log_path = farm["tmp"] / f"worker-{node}.log"
+    env = {**farm["env"], "AWS_ENDPOINT_URL": farm["proxy"].endpoint_url}
+    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
+                             "--queue", queue, "--node-name", node, "--engine-arg", "max_model_len=4096",
+                             *EAGER_ENGINE_ARGS, *FAST_RECOVERY, *extra], env=env, cwd=ROOT,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            start_new_session=True)
+    return WorkerProc(name=node, proc=proc, log_path=log_path, env=env, descendants=_Descendants(proc.pid))
+
+
+def _stop(worker: WorkerProc) -> None:
+    worker.stop(timeout_s=60)
+    for p in worker.tree():
+        p.kill()
+    worker.descendants.stop()
+
+
+def test_a_worker_that_cannot_build_its_engine_refuses_batches_and_exits_instead_of_killing_them(farm,
+                                                                                                 fault_report):
+    # A misconfigured node (here a KV cache CPU tier of a PiB, which regen refuses before vLLM pins it:
+    # worker/engine/kv_tier.py) used to fail every batch it took after each load: with --max-attempts 2
+    # two such tries killed a batch the rest of the farm could finish. Its engine is built on the first
+    # batch (no --model), so the refusal comes from a delivery.
+    data, queue = farm["tmp"] / "unbuilt.jsonl", f"broken-{uuid.uuid4().hex[:6]}"
+    ids = write_prompts(data, 8, prefix="unb")
+    run_cli(["submit", str(data), "--run", "unbuilt", "--model", farm["model"], "--output",
+             f"{farm['bucket']}/unbuilt", "--batch-size", "4", "--max-tokens", "16", "--queue", queue], farm["env"])
+    broken = _start_worker(farm, "b", queue, "--engine-arg", f"kv_offloading_size={2**20}")
+    try:
+        def refused_twice():
+            with farm["sessions"]() as s:
+                rows = s.execute(text("SELECT b.attempts, b.failures, b.status, b.error FROM batches b JOIN runs r "
+                                      "ON r.id = b.run_id WHERE r.name = 'unbuilt'")).all()
+            return len(rows) == 2 and all(r.attempts >= 2 and r.status == "queued" for r in rows) and rows
+
+        rows = wait_for(refused_twice, timeout_s=240, what="both batches refused twice", interval_s=0.5,
+                        on_timeout=lambda: broken.log()[-5000:])
+        assert {r.failures for r in rows} == {0}, rows  # before: each try a failure, dead after 2
+        assert all(r.error.startswith("refused by cpu0@b: this worker could not build its engine")
+                   and "kv_offloading_size=1048576" in r.error for r in rows), rows
+        log = broken.log()
+        assert "worker exiting: this worker could not build its engine" in log
+        assert "restarting in" in log, "the launcher restarts the process that exited, with its back-off"
+        assert broken.proc.poll() is None, "the launcher itself keeps running"
+        status = _status(farm, "unbuilt")
+        assert status["refused"] and "could not build its engine" in status["refused"][0]["reason"]
+    finally:
+        _stop(broken)
+
+    # The node fixed (the same worker without the bad argument): everything is served, nothing lost.
+    fixed = _start_worker(farm, "b2", queue)
+    try:
+        _wait_settled(farm, "unbuilt", timeout_s=300)
+    finally:
+        _stop(fixed)
+    row = fault_report("worker that cannot build its engine", account(farm["sessions"], "unbuilt", expected_ids=ids))
+    assert (row.done, row.failed, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (8, 0, 0, 0, 0, 0)
+    with farm["sessions"]() as s:
+        assert s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
+                              "WHERE r.name = 'unbuilt'")).scalar_one() == 0
 
 
 def _is_engine_core(p: psutil.Process) -> bool:

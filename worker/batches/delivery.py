@@ -24,7 +24,7 @@ from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
 from worker.engine.host import EngineDead
 from worker.measure import ledger_timing
-from worker.process.runtime import NotBenchmark, WorkerRuntime, WrongModel
+from worker.process.runtime import EngineUnavailable, NotBenchmark, WorkerRuntime, WrongModel
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,15 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         log.error("batch %s (run %s, seq %s) refused: %s", msg.batch_id, run["name"], msg.seq, e)
         _hand_back(rt, msg.batch_id, attempt, refused_reason(rt.options.name, str(e)))
         time.sleep(REFUSED_PAUSE_S)  # do not spin on a message this worker can never run
+        raise Requeue(str(e)) from e
+    except EngineUnavailable as e:
+        # This worker could not build its engine (its engine args, its node, its copy of the model): its
+        # fault, not the batch's. Handed back with no failure counted, then the process exits and its
+        # launcher restarts it with a growing back-off, giving up after a few quick exits: a misconfigured
+        # node must not spend the attempts of every batch it takes. `regen status` shows the refusals.
+        log.error("batch %s (run %s, seq %s) refused: %s", msg.batch_id, run["name"], msg.seq, e)
+        _hand_back(rt, msg.batch_id, attempt, refused_reason(rt.options.name, str(e)))
+        rt.request_exit(str(e))
         raise Requeue(str(e)) from e
     except EngineDead as e:
         # Every batch in flight sees the death; only the first is charged a failure

@@ -83,12 +83,13 @@ def check_host_memory(args: dict[str, Any], available_bytes: int | None = None) 
     if not tier_requested(args):
         return
     size_gib = float(args["kv_offloading_size"])
+    size = f"{size_gib:,.0f}" if size_gib >= 10 else f"{size_gib:g}"
     if available_bytes is None:
         import psutil  # vLLM's own dependency: present wherever an engine is built, not in the control plane
 
         available_bytes = psutil.virtual_memory().available
     if size_gib * 2**30 > HOST_SHARE * available_bytes:
         raise ConfigError(
-            f"kv_offloading_size={args['kv_offloading_size']}: this engine's CPU tier would pin {size_gib:g} GiB "
+            f"kv_offloading_size={args['kv_offloading_size']}: this engine's CPU tier would pin {size} GiB "
             f"where the host has {available_bytes / 2**30:.0f} GiB available (at most {HOST_SHARE:.0%} of it may be "
             "pinned); give each engine on this node a smaller tier")

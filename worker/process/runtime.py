@@ -7,6 +7,7 @@ the heartbeat thread that keeps their leases, and the shutdown flag.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -54,6 +55,16 @@ class NotBenchmark(RegenError):
     """A fake engine (worker/engine/fake.py) was asked to serve a run not submitted with ``--benchmark``."""
 
 
+class EngineUnavailable(RegenError):
+    """This process could not build its engine (its engine args, its node's memory, its copy of the model).
+
+    The worker's fault, not the batch's: a process that failed every batch it took on this would
+    spend their attempts until they died, batches the rest of the farm could finish. So the batch is
+    handed back with no failure counted and the process exits; its launcher restarts it with a growing
+    back-off and gives up after a few quick exits (worker/process/launcher.py).
+    """
+
+
 class WorkerRuntime:
     def __init__(self, settings: Settings, options: WorkerOptions):
         self.settings = settings
@@ -76,6 +87,9 @@ class WorkerRuntime:
         self._engine: EngineHost | None = None
         self._renderer: Renderer | None = None
         self._engine_lock = threading.Lock()
+        #: Why the engine could not be built, once it could not: later batches are refused at once, not after
+        #: another load (minutes for a large model) that fails the same way.
+        self._build_error: str | None = None
         self._held: dict[int, int] = {}
         self._held_peak = 0
         self._lost: set[int] = set()
@@ -89,6 +103,7 @@ class WorkerRuntime:
         self._records_client: redis_lib.Redis | None = None
         self._hb_thread: threading.Thread | None = None
         self._engine_death_seen = False
+        self._exit_requested = False
         #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
         self.batch_size = ASSUMED_BATCH_SIZE
         #: Deliveries this process refused because it runs the fake engine and the run is not a benchmark run.
@@ -104,27 +119,39 @@ class WorkerRuntime:
         Raises:
             WrongModel: the process serves another model.
             NotBenchmark: a fake engine was asked for a run that is not a benchmark run.
+            EngineUnavailable: the engine could not be built, now or at an earlier try.
         """
         model = resolve_model(model)
         if self.options.fake_engine and not benchmark:
             raise NotBenchmark(f"a fake engine serves benchmark runs only, not a run of {model}")
         with self._engine_lock:
+            if self._engine is None and self._build_error is not None:
+                raise EngineUnavailable(self._build_error)
             if self._engine is None and self.options.fake_engine:
                 from worker.engine.fake import FakeEngineHost, FakeEngineSpec, FakeRenderer
 
                 engine = FakeEngineHost(model, FakeEngineSpec.parse(self.options.fake_engine))
-                engine.start()
-                self._engine = engine
+                self._build(engine)
                 self._renderer = FakeRenderer(engine.max_model_len)  # type: ignore[assignment]
             elif self._engine is None:
                 engine = EngineHost(model=model, engine_args=self.options.engine_args)
-                engine.start()
-                self._engine = engine
+                self._build(engine)
                 self._renderer = Renderer(engine.tokenizer, engine.max_model_len)
             elif self._engine.model != model:
                 raise WrongModel(f"this worker serves {self._engine.model}, not {model}")
             assert self._renderer is not None
             return self._engine, self._renderer
+
+    def _build(self, engine: EngineHost) -> None:
+        """Start ``engine`` as the process's engine; a failure to build it is this worker's (EngineUnavailable)."""
+        try:
+            engine.start()
+        except Exception as e:
+            self._build_error = f"this worker could not build its engine for {engine.model}: {type(e).__name__}: {e}"
+            with contextlib.suppress(Exception):  # what the failed build left running; the process exits next
+                engine.shutdown()
+            raise EngineUnavailable(self._build_error) from e
+        self._engine = engine
 
     def count_fake_refusal(self) -> int:
         """One more real run's delivery refused by this fake-engine process; the total so far."""
@@ -340,8 +367,11 @@ class WorkerRuntime:
     def request_exit(self, why: str) -> None:
         """Ask Celery for a warm shutdown (in-flight batches are handed back); the launcher restarts us."""
         log.error("worker exiting: %s", why)
+        with self._held_lock:  # once: the batches in flight may all ask (an engine that could not be built)
+            first, self._exit_requested = not self._exit_requested, True
         self.shutting_down.set()
-        os.kill(os.getpid(), signal.SIGTERM)
+        if first:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:
         if self._unreleased:
