@@ -273,8 +273,10 @@ def test_a_worker_that_cannot_build_its_engine_refuses_batches_and_exits_instead
         assert "worker exiting: this worker could not build its engine" in log
         assert "restarting in" in log, "the launcher restarts the process that exited, with its back-off"
         assert broken.proc.poll() is None, "the launcher itself keeps running"
-        status = _status(farm, "unbuilt")
-        assert status["refused"] and "could not build its engine" in status["refused"][0]["reason"]
+        # Between a restarted process's claim and its refusal a batch shows running, its error cleared: wait.
+        status = wait_for(lambda: (s := _status(farm, "unbuilt"))["refused"] and s, timeout_s=60,
+                          what="status counting the refusals", interval_s=0.2)
+        assert "could not build its engine" in status["refused"][0]["reason"]
     finally:
         _stop(broken)
 
