@@ -87,10 +87,9 @@ def _load() -> float:
 
 def engine_args(extra: dict | None = None, *, on_cpu: bool = True) -> dict:
     """What the worker's engine is built with: regen's defaults for the platform, then the benchmark's."""
-    from worker.engine.host import engine_defaults
-    from worker.engine.kv_tier import keep_generated_blocks
+    from worker.engine.host import chosen_engine_args
 
-    return keep_generated_blocks({**engine_defaults(on_cpu), **BENCH_ENGINE_ARGS, **(extra or {})})
+    return chosen_engine_args(on_cpu, {**BENCH_ENGINE_ARGS, **(extra or {})})
 
 
 def tiny_bench_model() -> str:

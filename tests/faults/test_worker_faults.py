@@ -55,14 +55,7 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
     settings = Settings(database_url=pg_database, redis_url=redis_server.url)
     env = {**os.environ, **direct, "DATABASE_URL": pg_database, "REDIS_URL": redis_server.url, "PYTHONUNBUFFERED": "1",
            **TEST_ENGINE_ENV}
-    worker_env = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url}
-    log_path = tmp / "worker.log"
-    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
-                             "--queue", QUEUE, "--node-name", "f", "--model", str(tiny_model), "--engine-arg",
-                             "max_model_len=4096", *EAGER_ENGINE_ARGS, *FAST_RECOVERY], env=worker_env, cwd=ROOT,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            start_new_session=True)
-    worker = WorkerProc(name="f", proc=proc, log_path=log_path, env=worker_env, descendants=_Descendants(proc.pid))
+    worker = _start_worker(tmp, env, proxy, "f", QUEUE, "--model", str(tiny_model))
     engine = make_engine(settings)
     old_env = {k: os.environ.get(k) for k in direct}
     os.environ.update(direct)
@@ -71,10 +64,7 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
         yield {"env": env, "bucket": f"s3://{bucket}", "proxy": proxy, "worker": worker, "tmp": tmp,
                "sessions": make_sessionmaker(engine), "settings": settings, "model": str(tiny_model)}
     finally:
-        worker.stop(timeout_s=60)
-        for p in worker.tree():
-            p.kill()
-        worker.descendants.stop()
+        _stop(worker)
         proxy.close()
         engine.dispose()
         for k, v in old_env.items():
@@ -82,6 +72,25 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _start_worker(tmp, env: dict, proxy: FaultProxy, node: str, queue: str, *extra: str) -> WorkerProc:
+    """A worker launcher on ``queue`` talking to S3 through the fault proxy, its log in ``tmp``."""
+    log_path = tmp / f"worker-{node}.log"
+    env = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url}
+    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
+                             "--queue", queue, "--node-name", node, "--engine-arg", "max_model_len=4096",
+                             *EAGER_ENGINE_ARGS, *FAST_RECOVERY, *extra], env=env, cwd=ROOT,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            start_new_session=True)
+    return WorkerProc(name=node, proc=proc, log_path=log_path, env=env, descendants=_Descendants(proc.pid))
+
+
+def _stop(worker: WorkerProc) -> None:
+    worker.stop(timeout_s=60)
+    for p in worker.tree():
+        p.kill()
+    worker.descendants.stop()
 
 
 def _submit(farm, run: str, n: int, *, batch_size: int = 4, max_tokens: int = 32, long_every: int = 0,
@@ -96,6 +105,20 @@ def _submit(farm, run: str, n: int, *, batch_size: int = 4, max_tokens: int = 32
 def _wait_settled(farm, run: str, timeout_s: float = 300):
     wait_for(lambda: settled(farm["sessions"], run), timeout_s=timeout_s, what=f"run {run} settled", interval_s=0.5,
              on_timeout=lambda: f"{batches_by_status(farm['sessions'], run)}\n{farm['worker'].log()[-5000:]}")
+
+
+def _refused_twice(farm, run: str):
+    """The run's two batches, once each has been refused at least twice and sits queued again; else None."""
+    with farm["sessions"]() as s:
+        rows = s.execute(text("SELECT b.attempts, b.failures, b.status, b.error FROM batches b JOIN runs r "
+                              "ON r.id = b.run_id WHERE r.name = :n"), {"n": run}).all()
+    return rows if len(rows) == 2 and all(r.attempts >= 2 and r.status == "queued" for r in rows) else None
+
+
+def _failures(farm, run: str) -> int:
+    with farm["sessions"]() as s:
+        return s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
+                              "WHERE r.name = :n"), {"n": run}).scalar_one()
 
 
 def _status(farm, run: str) -> dict:
@@ -189,13 +212,7 @@ def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_f
              f"{farm['bucket']}/refused", "--batch-size", "4", "--max-tokens", "16", "--reasoning-parser", "mistral",
              "--tool-parser", "none", "--queue", QUEUE], farm["env"])
 
-    def refused_twice():
-        with farm["sessions"]() as s:
-            rows = s.execute(text("SELECT b.attempts, b.failures, b.status, b.error FROM batches b JOIN runs r "
-                                  "ON r.id = b.run_id WHERE r.name = 'refused'")).all()
-        return len(rows) == 2 and all(r.attempts >= 2 and r.status == "queued" for r in rows) and rows
-
-    rows = wait_for(refused_twice, timeout_s=120, what="both batches refused twice", interval_s=0.5,
+    rows = wait_for(lambda: _refused_twice(farm, "refused"), timeout_s=120, what="both batches refused twice", interval_s=0.5,
                     on_timeout=lambda: farm["worker"].log()[-4000:])
     assert {r.failures for r in rows} == {0}
     assert all(r.error.startswith("refused by cpu0@f: ") and "cannot build the run's parsers" in r.error for r in rows), rows
@@ -221,29 +238,9 @@ def test_a_run_whose_parsers_this_workers_vllm_cannot_build_is_refused_with_no_f
     row = fault_report("run parsers this worker's vLLM cannot build",
                        account(farm["sessions"], "refused", expected_ids=ids))
     assert (row.done, row.failed, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (8, 0, 0, 0, 0, 0)
-    with farm["sessions"]() as s:
-        assert s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
-                              "WHERE r.name = 'refused'")).scalar_one() == 0
+    assert _failures(farm, "refused") == 0
     assert _status(farm, "refused")["refused"] == []
     assert _refused_gauge(farm, "refused") == [0]
-
-
-def _start_worker(farm, node: str, queue: str, *extra: str) -> WorkerProc:
-    log_path = farm["tmp"] / f"worker-{node}.log"
-    env = {**farm["env"], "AWS_ENDPOINT_URL": farm["proxy"].endpoint_url}
-    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none", "--concurrency", "4",
-                             "--queue", queue, "--node-name", node, "--engine-arg", "max_model_len=4096",
-                             *EAGER_ENGINE_ARGS, *FAST_RECOVERY, *extra], env=env, cwd=ROOT,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            start_new_session=True)
-    return WorkerProc(name=node, proc=proc, log_path=log_path, env=env, descendants=_Descendants(proc.pid))
-
-
-def _stop(worker: WorkerProc) -> None:
-    worker.stop(timeout_s=60)
-    for p in worker.tree():
-        p.kill()
-    worker.descendants.stop()
 
 
 def test_a_worker_that_cannot_build_its_engine_refuses_batches_and_exits_instead_of_killing_them(farm,
@@ -256,15 +253,9 @@ def test_a_worker_that_cannot_build_its_engine_refuses_batches_and_exits_instead
     ids = write_prompts(data, 8, prefix="unb")
     run_cli(["submit", str(data), "--run", "unbuilt", "--model", farm["model"], "--output",
              f"{farm['bucket']}/unbuilt", "--batch-size", "4", "--max-tokens", "16", "--queue", queue], farm["env"])
-    broken = _start_worker(farm, "b", queue, "--engine-arg", f"kv_offloading_size={2**20}")
+    broken = _start_worker(farm["tmp"], farm["env"], farm["proxy"], "b", queue, "--engine-arg", f"kv_offloading_size={2**20}")
     try:
-        def refused_twice():
-            with farm["sessions"]() as s:
-                rows = s.execute(text("SELECT b.attempts, b.failures, b.status, b.error FROM batches b JOIN runs r "
-                                      "ON r.id = b.run_id WHERE r.name = 'unbuilt'")).all()
-            return len(rows) == 2 and all(r.attempts >= 2 and r.status == "queued" for r in rows) and rows
-
-        rows = wait_for(refused_twice, timeout_s=240, what="both batches refused twice", interval_s=0.5,
+        rows = wait_for(lambda: _refused_twice(farm, "unbuilt"), timeout_s=240, what="both batches refused twice", interval_s=0.5,
                         on_timeout=lambda: broken.log()[-5000:])
         assert {r.failures for r in rows} == {0}, rows  # before: each try a failure, dead after 2
         assert all(r.error.startswith("refused by cpu0@b: this worker could not build its engine")
@@ -281,16 +272,14 @@ def test_a_worker_that_cannot_build_its_engine_refuses_batches_and_exits_instead
         _stop(broken)
 
     # The node fixed (the same worker without the bad argument): everything is served, nothing lost.
-    fixed = _start_worker(farm, "b2", queue)
+    fixed = _start_worker(farm["tmp"], farm["env"], farm["proxy"], "b2", queue)
     try:
         _wait_settled(farm, "unbuilt", timeout_s=300)
     finally:
         _stop(fixed)
     row = fault_report("worker that cannot build its engine", account(farm["sessions"], "unbuilt", expected_ids=ids))
     assert (row.done, row.failed, row.dead, row.lost, row.dup_ledger, row.dup_outputs) == (8, 0, 0, 0, 0, 0)
-    with farm["sessions"]() as s:
-        assert s.execute(text("SELECT sum(failures) FROM batches b JOIN runs r ON r.id = b.run_id "
-                              "WHERE r.name = 'unbuilt'")).scalar_one() == 0
+    assert _failures(farm, "unbuilt") == 0
 
 
 def _is_engine_core(p: psutil.Process) -> bool:

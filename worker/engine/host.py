@@ -86,6 +86,12 @@ def engine_defaults(on_cpu: bool, *, cards: list[Card] | list[tuple[float, float
     return {**COMMON_ENGINE_ARGS, **GPU_ENGINE_ARGS, **memory_share(gpu_cards() if cards is None else cards)}
 
 
+def chosen_engine_args(on_cpu: bool, user: dict[str, Any]) -> dict[str, Any]:
+    """What an engine is built with: regen's defaults, the user's args over them, and a CPU tier the user
+    asked for told to keep generated blocks too, not only prompts (worker/engine/kv_tier.py)."""
+    return keep_generated_blocks({**engine_defaults(on_cpu), **user})
+
+
 def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | None = None) -> int:
     """The max_num_seqs the engine will be built with, known before it is (vLLM's rule).
 
@@ -163,8 +169,7 @@ class EngineHost(LoopHost):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # A CPU tier the user asked for keeps generated blocks too, not only prompts (worker/engine/kv_tier.py).
-        args = keep_generated_blocks({**engine_defaults(current_platform.is_cpu()), **self.engine_args})
+        args = chosen_engine_args(current_platform.is_cpu(), self.engine_args)
         check_host_memory(args)
         self.chosen_args = {k: v for k, v in args.items() if k != "disable_log_stats"}
         if stats_wanted():
