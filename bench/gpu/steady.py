@@ -33,7 +33,7 @@ window's ends (tokens of requests finished since, plus the output tokens every l
 request holds: a preempted request keeps its output and recomputes it as prefill, so
 recomputation is not counted as output). Also printed: preemptions, the tokens the
 scheduler scheduled per second (output + prefill + recomputed), the time-weighted running
-count and live KV tokens, and the bandwidth bound at that concurrency (bench/gpu/bound.py).
+count and live KV tokens, and the roofline bound (bytes and FLOPs) at that concurrency (bench/gpu/bound.py).
 """
 
 from __future__ import annotations

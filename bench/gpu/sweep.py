@@ -23,7 +23,7 @@ that vLLM's scheduler reads at every step are changed on its live objects:
 
 The prefix cache is reset between runs (the same prompts would otherwise prefill for free).
 Each run prints its rate, its middle-60% rate, its ratio to the first run, vLLM's
-preemptions, the mean running count and KV-cache use over its steps, and the bandwidth bound
+preemptions, the mean running count and KV-cache use over its steps, and the roofline bound
 at that concurrency (bench/gpu/bound.py). One process, minutes apart: the ratio compares
 settings, not machines. What this cannot show is the whole system (the worker's admission);
 bench.gpu.throughput does, with the settings chosen here.

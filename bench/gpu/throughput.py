@@ -20,7 +20,7 @@ engines do not share an H200 without shrinking each one's KV cache):
 ``--candidate KEY=VALUE`` (repeatable) prices a setting before it becomes regen's default: it
 replaces regen's own in (b), (c), (a2) and the estimate, and (a) stays at vLLM's defaults.
 
-At the end, per phase: the memory-bandwidth bound (bench/gpu/bound.py) at what the KV cache
+At the end, per phase: the roofline bound (bench/gpu/bound.py: bytes and FLOPs) at what the KV cache
 holds of this workload and, with ``--engine-stats``, at the phase's measured concurrency, the
 phase's share of it, and the seed's 1.37 B output tokens in GPU-hours of the card it ran on (its name
 and datasheet bandwidth from bench/gpu/bound.py's CARDS).
@@ -376,14 +376,14 @@ def phase_settings(engine_arg: list[str], candidate: list[str], *, on_cpu: bool)
 
 
 def bound_lines(model: str, details: dict[str, dict], rates: dict[str, float], *, card: Card = H200) -> list[str]:
-    """Per phase: the bandwidth bound on ``card`` at its measured concurrency (--engine-stats), and at what its
+    """Per phase: the roofline bound (bytes and FLOPs) on ``card`` at its measured concurrency (--engine-stats), and at what its
     cache holds; the seed's corpus in that card's hours.
 
     Each phase is bounded by its own engine's cache: regen's 0.95 of the card builds a larger one than
     vLLM's 0.92 (worker/engine/gpu_memory.py). A phase whose cache is unknown gets no capacity line,
     never another phase's."""
     shape = Shape.from_config(model)
-    lines = ["", f"the bandwidth bound (bench/gpu/bound.py): {shape.params / 1e9:.1f} B parameters, "
+    lines = ["", f"the roofline bound (bench/gpu/bound.py: bytes and FLOPs): {shape.params / 1e9:.1f} B parameters, "
                  f"{shape.weight_bytes / 1e9:.1f} GB of weights and {shape.kv_bytes_per_token / 1024:.0f} KiB of KV "
                  "a token read per decode step"]
     moments = next((d["moments"] for d in details.values() if d.get("moments") is not None), None)

@@ -1,10 +1,10 @@
-"""The bandwidth bound the GPU benchmarks print (bench/gpu/bound.py), against the published model sizes."""
+"""The roofline the GPU benchmarks print (bench/gpu/bound.py), against the published model sizes."""
 
 import json
 
 import pytest
 
-from bench.gpu.bound import H200_BANDWIDTH, Shape, bound_line, bound_tok_s, card_of, seed_hours_line
+from bench.gpu.bound import H200, H200_BANDWIDTH, Card, Shape, bound_line, bound_tok_s, card_of, seed_hours_line, step_floor
 from bench.gpu.model import QWEN3_8B_SHAPES, QWEN3_32B_SHAPES
 from bench.gpu.sweep import peak_live_tokens
 from worker.engine.sizing import LengthMoments
@@ -85,9 +85,10 @@ def test_an_h100_run_prints_the_h100s_bound_and_h100_hours_not_an_h200s(tmp_path
     shape = _shape(tmp_path, QWEN3_8B_SHAPES, 1000)
     h100 = card_of("NVIDIA H100 80GB HBM3")
     line = bound_line(shape, 2000, 400_000, 15_000.0, card=h100)
-    assert "at H100 SXM's 3.35 TB/s" in line and "4.8" not in line
-    expected = 2000 * 3.35e12 / (shape.weight_bytes + 400_000 * shape.kv_bytes_per_token)
-    assert f"-> {expected:,.0f} tok/s" in line
+    assert "at H100 SXM's 3.35 TB/s and 989 TFLOP/s" in line and "4.8" not in line
+    # 2,000 running: the GEMMs' FLOPs (2 FLOPs a weight x 2,000 at 989 TFLOP/s) set the step, not the weights' bytes.
+    expected = 2000 / (shape.gemm_flops_per_token * 2000 / 989e12 + 400_000 * shape.kv_bytes_per_token / 3.35e12)
+    assert f"-> {expected:,.0f} tok/s" in line and "the GEMMs bound by FLOPs" in line
     assert seed_hours_line(15_000.0, card=h100).endswith(f"{1.37e9 / 15_000 / 3600:,.0f} H100 SXM-hours")
     unknown = bound_line(shape, 2000, 400_000, 15_000.0, card=card_of("NVIDIA L4"))
     assert "no bound: L4's bandwidth is not in" in unknown and "tok/s at" not in unknown
@@ -101,3 +102,39 @@ def test_the_bench_and_the_estimate_scale_by_the_same_bandwidths():
     assert set(smi_names) == set(GPU_BANDWIDTH_TBPS)
     for typed, tb_s in GPU_BANDWIDTH_TBPS.items():
         assert card_of(smi_names[typed]).bandwidth == pytest.approx(tb_s * 1e12), typed
+
+
+def test_the_gemms_flops_are_two_per_weight_they_multiply(tmp_path):
+    # Qwen3-32B with its own vocabulary: every weight but the input embedding (a lookup) and the norms.
+    shape = _shape(tmp_path, QWEN3_32B_SHAPES, 151_936)
+    norms = shape.layers * (2 * shape.hidden + 2 * shape.head_dim) + shape.hidden
+    assert shape.gemm_flops_per_token == 2 * (shape.params - shape.vocab * shape.hidden - norms)
+    assert shape.gemm_flops_per_token / 1e9 == pytest.approx(64.0, abs=0.1)
+    # Attention: Q.K and P.V over one cached token, 64 query heads of 128, 64 layers.
+    assert shape.attention_flops_per_cached_token == 4 * 64 * 128 * 64
+
+
+def test_above_the_cards_ridge_a_step_is_bound_by_the_gemms_flops(tmp_path):
+    # A GEMM does `running` FLOPs per weight byte; an H200's ridge is 989 TFLOP/s / 4.8 TB/s = 206 of them.
+    shape = _shape(tmp_path, QWEN3_32B_SHAPES, 1000)
+    below, above = step_floor(shape, 180, 290_000), step_floor(shape, 289, 292_432)
+    assert not below.gemm_compute_bound and below.gemm_s == pytest.approx(shape.weight_bytes / H200_BANDWIDTH)
+    assert above.gemm_compute_bound and above.gemm_s == pytest.approx(shape.gemm_flops_per_token * 289 / 989e12)
+    # The 2026-12-06 step profile's moment: GEMMs 18.2 ms at best where the bytes alone said 13.0 ms.
+    assert above.gemm_s * 1e3 == pytest.approx(18.2, abs=0.1) and shape.weight_bytes / H200_BANDWIDTH * 1e3 < 13.1
+    assert above.attention_s == pytest.approx(292_432 * shape.kv_bytes_per_token / H200_BANDWIDTH)
+    bandwidth_only = 289 * H200_BANDWIDTH / (shape.weight_bytes + 292_432 * shape.kv_bytes_per_token)
+    assert bound_tok_s(shape, 289, 292_432) == pytest.approx(289 / above.seconds)
+    assert bound_tok_s(shape, 289, 292_432) < 0.9 * bandwidth_only
+
+
+def test_a_card_without_flops_gets_the_bandwidth_bound_and_says_so(tmp_path):
+    shape = _shape(tmp_path, QWEN3_8B_SHAPES, 1000)
+    card = Card("Some card", H200.bandwidth)
+    expected = 2000 * H200.bandwidth / (shape.weight_bytes + 400_000 * shape.kv_bytes_per_token)
+    assert bound_tok_s(shape, 2000, 400_000, card=card) == pytest.approx(expected)
+    line = bound_line(shape, 2000, 400_000, 15_000.0, card=card)
+    assert "bandwidth only: its FLOP/s are not in CARDS" in line and "GEMMs" not in line
+    assert card_of("NVIDIA RTX PRO 6000 Blackwell").bf16_flops is None
+    with pytest.raises(ValueError, match="no bandwidth"):
+        step_floor(shape, 10, 1000, card=card_of("NVIDIA L4"))
