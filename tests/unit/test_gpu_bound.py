@@ -4,7 +4,17 @@ import json
 
 import pytest
 
-from bench.gpu.bound import H200, H200_BANDWIDTH, Card, Shape, bound_line, bound_tok_s, card_of, seed_hours_line, step_floor
+from bench.gpu.bound import (
+    H200,
+    H200_BANDWIDTH,
+    Card,
+    Shape,
+    bound_line,
+    bound_tok_s,
+    card_of,
+    seed_hours_line,
+    step_floor,
+)
 from bench.gpu.model import QWEN3_8B_SHAPES, QWEN3_32B_SHAPES
 from bench.gpu.sweep import peak_live_tokens
 from worker.engine.sizing import LengthMoments
