@@ -16,8 +16,12 @@ holds nothing of a preempted thinking trace but its ~100-token prompt. regen set
 once costs the PCIe link ~1 GB/s at 4K tokens a second of the 32B shape (256 KiB a token), against
 tens of GB/s it carries.
 
-regen does not turn the tier on by itself: what loads save against what the copies cost has not been
-measured on a GPU yet (vLLM's CPU build refuses the tier), so it stays the user's engine argument.
+regen does not turn the tier on by itself. Measured on an H200 (2026-12-06, the 32B shape, a 40 GiB tier
+beside a 75 GB GPU cache): loading from it gained nothing over recomputing. The tier stores every block
+as it is computed and evicts the oldest, and a returning request loads only a prefix of its blocks, so
+a tier smaller than the GPU cache plus the preempted backlog has lost the prefix by the time the request
+comes back (docs/performance.md, "Preemption without recomputation"). It stays the user's engine argument,
+worth trying only where the host can pin more than the GPU's cache.
 """
 
 from __future__ import annotations
