@@ -21,6 +21,10 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.gpu.bound import StepFloor
 
 #: Kernel kinds, first match wins (names are matched lower-cased). Attention first: FlashAttention's kernels'
 #: names hold GEMM-like words on some builds, and the sampler's softmax is not attention's.
@@ -61,14 +65,21 @@ class StepProfile:
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)
     running_mean: float = 0.0
     on_device: bool = True
+    #: KV-cache tokens the running requests held, on average over the window (0: not sampled)
+    live_tokens_mean: float = 0.0
 
     @property
     def busy_us(self) -> float:
         return sum(us for us, _ in self.kernels.values())
 
 
-def summarize(profile: StepProfile, *, top: int = 12) -> str:
+def summarize(profile: StepProfile, *, top: int = 12, floor: StepFloor | None = None) -> str:
     """The window's time by kernel kind, per step and as a share of the wall, and its top kernels.
+
+    With ``floor`` (bench/gpu/bound.py's roofline at the window's mean running count and live tokens),
+    a line says what share of its floor the GEMMs, the attention and the whole step ran at: what is
+    left inside each kind of kernel, so two profiles (a KV block size against another) compare by
+    efficiency and not only by milliseconds.
 
     What the kernels do not cover of the wall is the device waiting (on the host, on a
     synchronisation): kernels on one stream do not overlap, so their sum is the busy time. On
@@ -96,11 +107,24 @@ def summarize(profile: StepProfile, *, top: int = 12) -> str:
         lines.append(f"NOTE: kernels cover only {profile.busy_us / wall_us:.0%} of the wall: if the graph-captured "
                      "decode's kernels are missing from the profile, the idle row is mostly their time; "
                      "--engine-arg enforce_eager=true names them (at eager speed)")
+    if floor is not None and profile.on_device:
+        gemm_ms, attention_ms = (by_kind.get(k, 0.0) / 1e3 / profile.steps for k in ("gemm", "attention"))
+        lines.append(
+            f"roofline at {profile.running_mean:.0f} running and {profile.live_tokens_mean:,.0f} live tokens: "
+            f"{floor.seconds * 1e3:.1f} ms a step (GEMMs {floor.gemm_s * 1e3:.1f} ms, bound by "
+            f"{'FLOPs' if floor.gemm_compute_bound else 'bytes'}; attention {floor.attention_s * 1e3:.1f} ms); "
+            f"the step ran at {floor.seconds * 1e3 / per_step_ms:.0%} of it, the GEMMs at "
+            f"{_share(floor.gemm_s * 1e3, gemm_ms)} of theirs, the attention at "
+            f"{_share(floor.attention_s * 1e3, attention_ms)} of its")
     lines.append(f"top {top} kernels by time:")
     ranked = sorted(profile.kernels.items(), key=lambda kv: -kv[1][0])[:top]
     for name, (us, calls) in ranked:
         lines.append(f"  {us / wall_us:6.1%}  {calls / profile.steps:6.1f}/step  [{kind_of(name)}] {name[:120]}")
     return "\n".join(lines)
+
+
+def _share(floor_ms: float, measured_ms: float) -> str:
+    return f"{floor_ms / measured_ms:.0%}" if measured_ms > 0 else "-"
 
 
 def kernel_times(events: Iterable, *, on_device: bool) -> dict[str, tuple[float, int]]:
@@ -134,10 +158,13 @@ def kernel_times(events: Iterable, *, on_device: bool) -> dict[str, tuple[float,
 class StepProfiler:
     """Wraps a step function: records ``steps`` steps from ``at_s`` seconds after ``arm()``, once."""
 
-    def __init__(self, *, steps: int, at_s: float, running: Callable[[], int], on_device: bool):
+    def __init__(self, *, steps: int, at_s: float, running: Callable[[], int], on_device: bool,
+                 live_tokens: Callable[[], float] = lambda: 0.0):
         if steps < 1:
             raise ValueError(f"--profile-steps must be at least 1, got {steps}")
         self.steps, self.at_s, self._running, self.on_device = steps, at_s, running, on_device
+        self._live_tokens = live_tokens
+        self._live_sum = 0.0
         self._t0 = 0.0
         self._prof = None
         self._seen = 0
@@ -156,6 +183,7 @@ class StepProfiler:
             if self._prof is not None:
                 self._seen += 1
                 self._running_sum += self._running()
+                self._live_sum += self._live_tokens()
                 if self._seen >= self.steps:
                     self._end()
             return outputs
@@ -190,4 +218,5 @@ class StepProfiler:
         prof.stop()
         self.result = StepProfile(steps=self._seen, wall_s=wall,
                                   kernels=kernel_times(prof.key_averages(), on_device=self.on_device),
-                                  running_mean=self._running_sum / max(1, self._seen), on_device=self.on_device)
+                                  running_mean=self._running_sum / max(1, self._seen), on_device=self.on_device,
+                                  live_tokens_mean=self._live_sum / max(1, self._seen))

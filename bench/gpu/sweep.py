@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.step_profile import StepProfiler
 
             profiler = StepProfiler(steps=args.profile_steps, at_s=args.profile_at, on_device=not args.cpu,
-                                    running=lambda: len(scheduler.running))
+                                    running=lambda: len(scheduler.running), live_tokens=lambda: kv.usage * kv_tokens)
             profiler.arm()
         engine.step = profiler.wrap(timed_step) if profiler else timed_step
         if profiler is not None and args.profile_only:
@@ -191,10 +191,14 @@ def main(argv: list[str] | None = None) -> int:
             scheduler._preempt_request = original_preempt
         trial.seconds = time.perf_counter() - start
         if profiler is not None:
+            from bench.gpu.bound import step_floor
             from bench.gpu.step_profile import summarize
 
             profiler.finish()
-            print(f"[{label}] " + (summarize(profiler.result) if profiler.result else
+            result = profiler.result
+            floor = (step_floor(shape, result.running_mean, result.live_tokens_mean, card=card)
+                     if result is not None and card is not None and card.bandwidth is not None else None)
+            print(f"[{label}] " + (summarize(result, floor=floor) if result else
                                    f"step profile: the run ended before {args.profile_at:.0f} s"), flush=True)
         if stopped:
             # The burst's requests are still in the engine: the process ends here rather than drain them. No rate is

@@ -61,7 +61,8 @@ def test_the_profiler_records_the_steps_it_was_asked_for_with_torchs_profiler():
         calls.append(1)
         return a @ a
 
-    profiler = StepProfiler(steps=3, at_s=0.0, running=lambda: 7, on_device=False)
+    live = iter(range(1000, 1006))
+    profiler = StepProfiler(steps=3, at_s=0.0, running=lambda: 7, on_device=False, live_tokens=lambda: next(live))
     profiler.arm()
     wrapped = profiler.wrap(step)
     for _ in range(6):
@@ -69,6 +70,7 @@ def test_the_profiler_records_the_steps_it_was_asked_for_with_torchs_profiler():
     assert len(calls) == 6  # every step runs; only the window is recorded
     result = profiler.result
     assert result is not None and result.steps == 3 and result.running_mean == 7
+    assert result.live_tokens_mean == 1001  # sampled after each of the window's steps: 1000, 1001, 1002
     assert any(kind_of(name) == "gemm" for name in result.kernels), sorted(result.kernels)
     assert "3 steps in" in summarize(result) and "CPU operators" in summarize(result)
 
@@ -119,3 +121,23 @@ def test_profile_only_stops_the_run_at_the_step_that_closes_the_window_not_befor
     with pytest.raises(ProfileTaken):
         step()
     assert len(calls) == 3 and profiler.result is not None and profiler.result.steps == 3
+
+
+def test_with_the_roofline_each_kind_is_read_against_its_floor(tmp_path):
+    # The H200's 2026-12-06 window at 289 running on the 32B shape (its kernels' milliseconds, rounded):
+    # GEMMs 29.7 ms against 18.2 bound by FLOPs, attention 21.8 against 16.0 bound by bytes.
+    import json
+
+    from bench.gpu.bound import H200, Shape, step_floor
+    from bench.gpu.model import QWEN3_32B_SHAPES
+
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_32B_SHAPES, "vocab_size": 2840}))
+    profile = StepProfile(steps=60, wall_s=3.276, running_mean=289.0, live_tokens_mean=292_432.0, kernels={
+        "nvjet_sm90_tst_256x96_64x4_4x1_v_bz_coopA_TNT": (1_782_000.0, 4098),
+        "flash::FlashAttnFwdSm90": (1_306_000.0, 3840)})
+    floor = step_floor(Shape.from_config(tmp_path), 289, 292_432, card=H200)
+    text = summarize(profile, floor=floor)
+    assert "roofline at 289 running and 292,432 live tokens: 34.2 ms a step (GEMMs 18.2 ms, bound by FLOPs; " \
+           "attention 16.0 ms)" in text
+    assert "the step ran at 63% of it, the GEMMs at 61% of theirs, the attention at 73% of its" in text
+    assert "roofline" not in summarize(profile)  # no card, no floor: the table alone
