@@ -14,10 +14,10 @@ read against what the GPU allows, not only against bare vLLM.
 Why the FLOPs term (added 2026-12-06): until then the bound was the bytes alone, on the belief that
 at 100-1,000 sequences decoding is bound by traffic. A kernel profile of the 32B shape on an H200 at
 289 running (docs/results/h200-gpu-step-profile-32b-2026-12-06.txt) found its GEMMs taking 29.7 ms a
-step where reading the weights takes 13.0 ms: at that batch they do 18.5 TFLOP, 18.7 ms at the
+step where reading the weights takes 13.0 ms: at that batch they do 18.0 TFLOP, 18.2 ms at the
 card's 989 TFLOP/s. A GEMM's FLOPs per weight byte equal the batch, and an H200's ridge is 989 /
 4.8 = 206: above ~200 running a 32B step is compute-bound, and a bandwidth-only bound overstated
-what the card allows there by up to 1.5x.
+what the card allows there (1.18x at 289 running, 1.39x at 377).
 
 Bandwidth and FLOP/s: the datasheet's figures (dense bf16 tensor FLOP/s, no sparsity) of the card the
 run is on (:data:`CARDS`, by the name nvidia-smi gives), 4.8 TB/s and 989 TFLOP/s for the H200. Real
