@@ -146,11 +146,6 @@ class Shape:
         return 4 * self.q_heads * self.head_dim * self.layers
 
 
-def step_bytes(shape: Shape, live_tokens: float) -> float:
-    """What one decode step reads: all weights, and the KV of ``live_tokens`` cached tokens."""
-    return shape.weight_bytes + live_tokens * shape.kv_bytes_per_token
-
-
 @dataclass(frozen=True)
 class StepFloor:
     """The least time a decode step can take on a card, by kind of kernel (the module's docstring)."""
@@ -162,6 +157,10 @@ class StepFloor:
     @property
     def seconds(self) -> float:
         return self.gemm_s + self.attention_s
+
+    def tok_s(self, running: float) -> float:
+        """Tokens a second at this floor: one a running sequence a step."""
+        return running / self.seconds if running > 0 else 0.0
 
 
 def step_floor(shape: Shape, running: float, live_tokens: float, *, card: Card = H200) -> StepFloor:
@@ -180,9 +179,7 @@ def step_floor(shape: Shape, running: float, live_tokens: float, *, card: Card =
 
 def bound_tok_s(shape: Shape, running: float, live_tokens: float, *, card: Card = H200) -> float:
     """Tokens per second the card allows at ``running`` sequences holding ``live_tokens`` in all."""
-    if running <= 0:
-        return 0.0
-    return running / step_floor(shape, running, live_tokens, card=card).seconds
+    return step_floor(shape, running, live_tokens, card=card).tok_s(running)
 
 
 def bound_line(shape: Shape, running: float, live_tokens: float, measured_tok_s: float,
@@ -193,13 +190,14 @@ def bound_line(shape: Shape, running: float, live_tokens: float, measured_tok_s:
     if card.bandwidth is None:
         return (f"bound: {reads}; no bound: {card.label}'s bandwidth is not in bench/gpu/bound.py's CARDS; "
                 f"measured {measured_tok_s:,.0f}")
-    bound = bound_tok_s(shape, running, live_tokens, card=card)
+    floor = step_floor(shape, running, live_tokens, card=card)
+    bound = floor.tok_s(running)
     share = f"{measured_tok_s / bound:.0%}" if bound else "-"
     if card.bf16_flops is None:
         peak = f"{card.label}'s {card.bandwidth / 1e12:.2f} TB/s (bandwidth only: its FLOP/s are not in CARDS)"
     else:
         peak = f"{card.label}'s {card.bandwidth / 1e12:.2f} TB/s and {card.bf16_flops / 1e12:,.0f} TFLOP/s"
-        if running > 0 and step_floor(shape, running, live_tokens, card=card).gemm_compute_bound:
+        if running > 0 and floor.gemm_compute_bound:
             peak += (f" (the GEMMs bound by FLOPs: {shape.gemm_flops_per_token * running / 1e12:.1f} TFLOP a step "
                      f"outweigh the weights' bytes)")
     return f"bound: {reads} -> {bound:,.0f} tok/s at {peak}; measured {measured_tok_s:,.0f} = {share} of it"
