@@ -116,6 +116,10 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
             argv += ["--engine-arg", pair]
         if options.in_flight is not None:
             argv += ["--in-flight", str(options.in_flight)]
+        if options.throughput.lengths_only:
+            # The lengths need the samples only, not the repeats that keep the engine full for
+            # a rate: half the probe's time (worker/engine/pilot.py).
+            argv.append("--lengths-only")
         log.info("probe: %s", " ".join(argv))
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=options.probe_timeout_s,
@@ -182,6 +186,10 @@ def _choose_throughput(probe: dict[str, Any], choice: ThroughputChoice) -> tuple
                                    "gpu_tbps": em.GPU_BANDWIDTH_TBPS[choice.reference_gpu],
                                    "target_gpu": choice.gpu_type,
                                    "target_tbps": em.GPU_BANDWIDTH_TBPS[choice.gpu_type]}}
+    if probe.get("rate_measured") is False:
+        raise ConfigError("the probe's results were taken with --lengths-only: it generated the samples but "
+                          "measured no throughput; give --tokens-per-s (or --gpu-type), or probe again "
+                          "without --lengths-only (another --probe-results file)")
     if not measured:
         raise ProbeError("the probe generated no tokens, so it measured no throughput; "
                          "use --tokens-per-s or --lengths-only")

@@ -135,6 +135,8 @@ def test_a_gpt_oss_estimate_counts_the_prompts_the_workers_render_with_harmony(e
                                    "--json"], env).stdout)
     assert doc["config"]["chat_format"] == "harmony" and doc["config"]["reasoning_effort"] == "low"
     probe = json.loads(probe_file.read_text())
+    # --lengths-only generated the samples and nothing else: no repeats, no settled phase, no rate.
+    assert probe["rate_measured"] is False and probe["repeats"] == 0 and probe["tokens_per_s"] is None
     records = {s["sample_id"]: s for s in probe["samples"]}
     # Every sample rendered (a probe without the run's date failed them all as template_error).
     assert doc["rows"] == doc["sample_size"] == len(records) == len(lines)
@@ -159,3 +161,9 @@ def test_a_gpt_oss_estimate_counts_the_prompts_the_workers_render_with_harmony(e
             # Each later prompt holds the first one and the model's turns after it.
             assert record["prompt_tokens"] > record["turns"] * len(prompt), sample["sample_id"]
     assert single >= 1
+
+    # Those results cannot price hours: reused without --lengths-only, the estimate refuses and says why.
+    refused = run_estimate([str(data), "--model", str(model), "--sample", "100", "--max-tokens", "64", "--seed", "5",
+                            "--reasoning-effort", "low", "--engine-arg", "max_model_len=4096",
+                            "--probe-results", str(probe_file)], env, check=False)
+    assert refused.returncode != 0 and "measured no throughput" in refused.stderr + refused.stdout

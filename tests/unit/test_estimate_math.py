@@ -331,6 +331,14 @@ def test_estimate_extrapolates_stratum_means_and_shows_its_arithmetic(tmp_path):
     assert lengths["engine_hours"] is None and lengths["wall_hours"] is None
     assert lengths["total_output_tokens"] == doc["total_output_tokens"]
 
+    # A probe taken with --lengths-only measured no rate: reused to price hours, it is refused and says why,
+    # rather than pricing them at no rate or at the sample's first-to-last rate.
+    lengths_probe = {**probe, "tokens_per_s": None, "rate_measured": False, "repeats": 0}
+    with pytest.raises(ConfigError, match="--lengths-only"):
+        build_estimate(drawn, lengths_probe, CONFIG, EstimateOptions(), inputs=["a"])
+    assert build_estimate(drawn, lengths_probe, CONFIG, EstimateOptions(throughput=ThroughputChoice(
+        tokens_per_s=50.0)), inputs=["a"])["work_hours"] == given["work_hours"]
+
 
 def test_compare_puts_actual_beside_the_estimate_and_rescales_wall_to_the_workers_used():
     estimate = {"rows": 100, "total_output_tokens": {"value": 1000, "ci_low": 900, "ci_high": 1100},

@@ -1,7 +1,7 @@
 """The engine half of ``regen estimate``: generate a drawn sample exactly as the workers would.
 
     python -m worker.engine.pilot --samples SAMPLE.jsonl --run RUN.json --out RESULTS.json [--engine-arg k=v ...]
-                           [--in-flight N]
+                           [--in-flight N] [--lengths-only]
 
 ``SAMPLE.jsonl`` holds normalised conversations (docs/CONTRACTS.md), ``RUN.json``
 the run as the ledger would hand it to a worker (``model``, ``sampling`` record,
@@ -15,6 +15,12 @@ conversations (default the engine's ``max_num_seqs``) are kept in it, topped up 
 repeats of finished samples once every sample has started, until the last sample
 ends (see :func:`probe_samples`). A small sample all submitted at once would spend
 most of its time draining, which a 1M-row run never does.
+
+``--lengths-only`` (``regen estimate --lengths-only``) generates the samples and nothing
+else: no repeats, no settled phase, no drain, so no throughput (``tokens_per_s`` is None and
+``rate_measured`` false). The settled phase lasts as long as the longest sample, so this
+halves the probe where the lengths are all that is asked for (with 32K-token thinking
+traces, about half an hour of a GPU).
 
 The results file holds one record per conversation (tokens, finish reason, whether
 it was cut at max_tokens, when it finished) and the engine's throughput, both over
@@ -120,7 +126,7 @@ def generated_tokens_reader() -> Callable[[], float | None]:
 
 
 async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict, *,
-                        in_flight: int) -> dict[str, Any]:
+                        in_flight: int, measure_rate: bool = True) -> dict[str, Any]:
     """Generate every sample, keeping ``in_flight`` conversations in the engine, and time it.
 
     All samples start at once (up to ``in_flight``); whenever a conversation ends another
@@ -136,7 +142,9 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
       ``drain_tokens``, ``drain_loss_s``: see :func:`_drain`).
 
     The probe thus takes about twice its longest conversation plus one drain. Repeats'
-    results are not kept: per-sample records are the samples' own.
+    results are not kept: per-sample records are the samples' own. Without
+    ``measure_rate`` only the samples run (no repeats, so neither phase), and the rate
+    and its start-up and drain figures are None.
 
     Returns:
         ``{"samples": [...], "output_tokens", "wall_s", "tokens_per_s",
@@ -169,7 +177,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
             index = pending.pop()
             sample, key = samples[index], index
             started[index] = time.monotonic() - t0
-        elif len(failed) < len(samples):
+        elif measure_rate and len(failed) < len(samples):
             repeats += 1
             original = samples[rng.choice([i for i in range(len(samples)) if i not in failed])]
             sample, key = repeat_of(original, repeats), None
@@ -234,8 +242,12 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     wall_s = max(finished.values()) if finished else 0.0
     records = [sample_record(rows[i], finished[i], started[i]) for i in range(len(samples))]
     output_tokens = sum(r["completion_tokens"] for r in records)
-    window = _full_engine_window(timeline, settled_from, drain_started)
-    if window is not None:
+    window = _full_engine_window(timeline, settled_from, drain_started) if measure_rate else None
+    if not measure_rate:
+        # No repeats ran, so nothing was measured with the engine full: no rate rather than
+        # the sample's first-to-last one, which understates a full engine.
+        tokens_per_s, window_s = None, None
+    elif window is not None:
         (ta, ga), (tb, gb) = window
         tokens_per_s, window_s = (gb - ga) / (tb - ta), tb - ta
     else:
@@ -249,7 +261,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         "wall_s": round(wall_s, 4),
         "tokens_per_s": round(tokens_per_s, 3) if tokens_per_s else None,
         "first_to_last_tokens_per_s": round(output_tokens / wall_s, 3) if wall_s > 0 else None,
-        "throughput_window_s": round(window_s, 3),
+        "throughput_window_s": round(window_s, 3) if window_s is not None else None,
+        "rate_measured": measure_rate,
         "in_flight": in_flight,
         "peak_in_engine": peak,
         "repeats": repeats,
@@ -319,12 +332,13 @@ def read_samples(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_flight: int | None = None
-              ) -> dict[str, Any]:
+def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_flight: int | None = None,
+              *, measure_rate: bool = True) -> dict[str, Any]:
     """Load the run's model in an engine, generate ``samples``, return the results (see module doc).
 
     ``in_flight`` conversations are kept in the engine (default: its ``max_num_seqs``,
     a full engine). Stats are on so the engine's generated-token counter can be read.
+    ``measure_rate=False``: the samples only, no throughput (``--lengths-only``).
     """
     engine_args = {**engine_args, "disable_log_stats": False}
     if in_flight is not None and in_flight < 1:
@@ -337,7 +351,8 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
         # As full as a worker keeps it: its admission level (worker/engine/admission.py).
         in_flight = in_flight or engine.admission.level
         renderer = Renderer(engine.tokenizer, engine.max_model_len)
-        result = engine.submit(probe_samples(engine, renderer, samples, run, in_flight=in_flight)).result()
+        result = engine.submit(probe_samples(engine, renderer, samples, run, in_flight=in_flight,
+                                             measure_rate=measure_rate)).result()
     finally:
         engine.shutdown()
     return {
@@ -366,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-arg", action="append", default=[], help="vLLM engine argument key=value")
     p.add_argument("--in-flight", type=int, default=None,
                    help="conversations kept in the engine (default: its max_num_seqs)")
+    p.add_argument("--lengths-only", action="store_true",
+                   help="generate the samples only: no repeats, no settled phase, no throughput")
     p.add_argument("--loglevel", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -379,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"probe: {e}", file=sys.stderr)
         return 2
-    result = run_probe(samples, run, engine_args, in_flight=args.in_flight)
+    result = run_probe(samples, run, engine_args, in_flight=args.in_flight, measure_rate=not args.lengths_only)
     write_json_atomically(args.out, result)
     log.info("probe: %d samples, %d output tokens in %.1f s (%.0f tok/s)", len(samples),
              result["output_tokens"], result["wall_s"], result["tokens_per_s"] or 0)
