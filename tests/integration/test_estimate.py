@@ -127,12 +127,11 @@ def test_a_gpt_oss_estimate_counts_the_prompts_the_workers_render_with_harmony(e
     data.write_text("\n".join(lines) + "\n")
     probe_file = tmp_path / "probe.json"
     env = {**estimate_env, "VLLM_SYSTEM_START_DATE": DATE}
+    common = [str(data), "--model", str(model), "--sample", "100", "--max-tokens", "64", "--seed", "5",
+              "--reasoning-effort", "low", "--engine-arg", "max_model_len=4096", "--probe-results", str(probe_file)]
     # Eager: the test counts prompt tokens, which torch.compile does not change (115 s -> 84 s alone here).
-    doc = json.loads(run_estimate([str(data), "--model", str(model), "--sample", "100", "--max-tokens", "64",
-                                   "--seed", "5", "--reasoning-effort", "low", "--engine-arg", "max_model_len=4096",
-                                   "--engine-arg", "enforce_eager=true",
-                                   "--probe-in-flight", "8", "--probe-results", str(probe_file), "--lengths-only",
-                                   "--json"], env).stdout)
+    doc = json.loads(run_estimate([*common, "--engine-arg", "enforce_eager=true", "--probe-in-flight", "8",
+                                   "--lengths-only", "--json"], env).stdout)
     assert doc["config"]["chat_format"] == "harmony" and doc["config"]["reasoning_effort"] == "low"
     probe = json.loads(probe_file.read_text())
     # --lengths-only generated the samples and nothing else: no repeats, no settled phase, no rate.
@@ -163,7 +162,5 @@ def test_a_gpt_oss_estimate_counts_the_prompts_the_workers_render_with_harmony(e
     assert single >= 1
 
     # Those results cannot price hours: reused without --lengths-only, the estimate refuses and says why.
-    refused = run_estimate([str(data), "--model", str(model), "--sample", "100", "--max-tokens", "64", "--seed", "5",
-                            "--reasoning-effort", "low", "--engine-arg", "max_model_len=4096",
-                            "--probe-results", str(probe_file)], env, check=False)
+    refused = run_estimate(common, env, check=False)
     assert refused.returncode != 0 and "measured no throughput" in refused.stderr + refused.stdout
