@@ -42,9 +42,15 @@ def _is_engine(p: psutil.Process) -> bool:
 
 
 def _is_worker_process(p: psutil.Process, w) -> bool:
-    """The launcher's child that is not its reaper (Celery retitles it, so its command line says little)."""
+    """The launcher's child that is not its reaper (Celery retitles it, so its command line says little).
+
+    Only a child that has exec'd counts: between fork and exec a child still shows the launcher's
+    own command line and may yet become the reaper (a kill timed on it once landed too early).
+    """
     try:
-        return p.ppid() == w.proc.pid and "worker.process.reaper" not in p.cmdline()
+        cmdline = p.cmdline()
+        return (p.ppid() == w.proc.pid and "worker.process.reaper" not in cmdline
+                and cmdline != psutil.Process(w.proc.pid).cmdline())
     except psutil.NoSuchProcess:
         return False
 
