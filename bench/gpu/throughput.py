@@ -33,7 +33,9 @@ sample finish exactly once; then (t) one engine over both GPUs (``--tp 2``).
 With ``--estimate N``: before (b) (or b2), ``regen estimate`` on a stratified pilot of N
 of the same requests (its probe loads its own engine on the GPU, then exits), saved
 into (b)'s output prefix; after (b), ``regen estimate --compare b``: estimated against
-actual engine-hours and tokens (docs/estimate.md).
+actual engine-hours and tokens (docs/estimate.md). Where the probe and the run do not fit
+one lent machine, ``--probe-results FILE`` splits them: with ``--skip b`` (e) runs alone and
+keeps its probe's results in FILE; a later call with the same FILE reuses them and runs (b).
 
 For a diagnosis, the same figures from both phases side by side: ``--engine-stats``
 (vLLM's scheduler in (a) and (b): running, waiting, preemptions, KV-cache usage,
@@ -267,19 +269,35 @@ def line(label: str, what: str, tokens: int, seconds: float, bare_tok_s: float |
 
 def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: str) -> None:
     """``regen estimate`` on a pilot of the benchmark's requests, saved where run ``run_name`` will write."""
-    from producer.estimate.estimator import EstimateOptions, ThroughputChoice, estimate, save_estimate
+    from producer.estimate.estimator import estimate, save_estimate
     from producer.estimate.render import render_estimate
 
-    print(f"(e) regen estimate on a pilot of {args.estimate:,} of the {run_name!r} run's requests: probing",
-          flush=True)
+    reused = bool(args.probe_results) and Path(args.probe_results).exists()
+    print(f"(e) regen estimate on a pilot of {args.estimate:,} of the {run_name!r} run's requests: "
+          f"{'reusing the probe of ' + args.probe_results if reused else 'probing'}", flush=True)
     t0 = time.perf_counter()
-    options = EstimateOptions(sample_size=args.estimate, engines=1, throughput=ThroughputChoice(),
-                              engine_args=tuple(format_engine_args(extra)))
     with per_sample_budgets():
-        doc = estimate([str(jsonl)], config, options)
+        doc = estimate([str(jsonl)], config, estimate_options(args, extra))
     url = save_estimate(ObjectStore.from_settings(scratch.settings), f"{scratch.output_root}/{run_name}", doc)
     print(render_estimate(doc))
-    print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s (engine load included); saved to {url}", flush=True)
+    print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s "
+          f"({'the probe reused' if reused else 'engine load included'}); saved to {url}"
+          + (f"; the probe's results kept in {args.probe_results}" if args.probe_results and not reused else ""),
+          flush=True)
+
+
+def estimate_options(args, extra: dict):
+    """regen estimate's options for (e): the workers' engine arguments, one engine, and ``--probe-results``.
+
+    ``--probe-results FILE`` splits (e) from the run it prices where both do not fit one lent machine
+    (the 32B long workload: a probe of ~20 minutes, then the run): a first call writes the probe's
+    results there (``--skip b``: (e) alone), a later one reuses them (no probe engine) and runs (b).
+    The estimate refuses a file of another sample (its sample ids are checked).
+    """
+    from producer.estimate.estimator import EstimateOptions, ThroughputChoice
+
+    return EstimateOptions(sample_size=args.estimate, engines=1, throughput=ThroughputChoice(),
+                           engine_args=tuple(format_engine_args(extra)), probe_results=args.probe_results)
 
 
 def compare_phase(scratch, run_name: str) -> None:
@@ -511,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                         "workload would take an hour; its rate is still set beside (a)'s")
     p.add_argument("--estimate", type=int, default=0, metavar="N",
                    help="regen estimate on a pilot of N requests before (b), compared with (b) after it")
+    p.add_argument("--probe-results", default=None, metavar="FILE",
+                   help="(e)'s probe results: reused if FILE exists (no probe engine), else written there; with "
+                        "--skip b, (e) runs alone (the probe in one call, the run it prices in a later one)")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="every request runs to its budget, in every phase (vLLM's ignore_eos in the run's record): "
@@ -571,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
                     compare_phase(scratch, label)
             except Exception as e:  # noqa: BLE001 - report it and go on to the next phase
                 print(f"({label}) FAILED: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+        if args.estimate and "b" in skip and not args.two_gpus:
+            # (e) alone: a probe whose run does not fit the same machine (--probe-results keeps it).
+            estimate_phase(args, scratch, jsonl, config, extra, "b")
         if not args.two_gpus and "a" not in skip:
             results.append(bare_phase(args, args.model, bare_settings, rows, config))
         if not args.two_gpus and "a2" not in skip and bare_settings != settings:

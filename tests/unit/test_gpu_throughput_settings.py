@@ -33,3 +33,17 @@ def test_the_gpu_sampler_reports_the_memory_peak_beside_the_busy_share():
     old = GpuSampler()
     old.record("1, 55")
     assert old.summary() == "GPU 1: mean 55% busy, 1/1 samples at 50% or more"
+
+
+def test_the_estimate_phase_passes_the_workers_engine_args_and_the_probe_results_file(tmp_path):
+    from argparse import Namespace
+
+    from bench.gpu.throughput import estimate_options
+
+    extra, _, _ = phase_settings(["max_num_seqs=64"], ["watermark=0.03"], on_cpu=False)
+    kept = tmp_path / "probe-32b.json"
+    options = estimate_options(Namespace(estimate=256, probe_results=str(kept)), extra)
+    assert options.sample_size == 256 and options.engines == 1
+    assert options.probe_results == str(kept)  # written by a first call, reused by a later one
+    assert "watermark=0.03" in options.engine_args and "max_num_seqs=64" in options.engine_args
+    assert estimate_options(Namespace(estimate=256, probe_results=None), extra).probe_results is None
