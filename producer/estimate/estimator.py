@@ -279,6 +279,25 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
     }
 
 
+#: Below this many engine-fulls of rows per engine (rows / engines / the probe's conversations in flight), a
+#: run's queue empties before its engines settle and the estimate says its drain is likely overstated: on an
+#: H100, a run of 1.3 engine-fulls lost about half the drain a long run's end costs (docs/estimate.md).
+SHORT_RUN_ENGINE_FULLS = 4.0
+
+
+def short_run(rows: int, engines: int, probe: dict[str, Any]) -> float | None:
+    """Engine-fulls of rows per engine when fewer than :data:`SHORT_RUN_ENGINE_FULLS`, else None.
+
+    None too where the probe measured no drain (the allowance is then a stated bound, not a long run's
+    measured end) or recorded no count in flight (an older probe).
+    """
+    in_flight = probe.get("in_flight")
+    if not in_flight or probe.get("drain_loss_s") is None or engines < 1:
+        return None
+    fulls = rows / engines / in_flight
+    return fulls if fulls < SHORT_RUN_ENGINE_FULLS else None
+
+
 def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str, Any], options: EstimateOptions,
                 failed: int) -> list[str]:
     """What the numbers rest on, in words, for the text and the JSON alike."""
@@ -320,6 +339,12 @@ def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str,
                    f"{drain}, and the wall-clock on {options.engines} engine(s) adds that drain plus (1 - 1/G) × "
                    "the longest conversation for engines finishing unevenly; negligible for a long run, not for "
                    "a short one")
+        if (short := short_run(drawn.population, options.engines, probe)) is not None:
+            out.append(f"a SHORT run: {short:.1f} engine-fulls per engine ({drawn.population:,} rows over "
+                       f"{options.engines} engine(s), {probe['in_flight']:,} conversations in flight in each). Its "
+                       "queue empties before its engines settle, so the drain added here, a long run's end "
+                       "(the probe's engine topped up to its last moment), likely overstates what it loses: "
+                       "the engine-hours are then high, by up to that drain (docs/estimate.md, \"On an H100\")")
         if probe.get("start_loss_s") is not None:
             out.append("at the start of a run each engine fills (every conversation young at once; a KV-limited "
                        f"engine preempts as they grow): measured by the probe's first phase, {probe['start_s']:.1f} s "

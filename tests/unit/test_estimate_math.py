@@ -396,3 +396,21 @@ def test_probe_record_counts_answer_tokens_as_all_tokens_when_the_model_has_no_t
     assert record["answer_tokens"] == 70 and record["reasoning_tokens"] == 0
     assert record["finished_s"] == 1.5 and record["duration_s"] == 1.0
     assert record["truncated"] is True and record["finish_reasons"] == ["stop", "length"]
+
+
+def test_a_run_of_few_engine_fulls_is_told_its_drain_is_likely_overstated(tmp_path):
+    # 100 rows on one engine that holds 40 at once: 2.5 engine-fulls, a short run.
+    _write_dataset(tmp_path / "a.jsonl", [_chat(i, 1, 5) for i in range(100)])
+    drawn = draw_sample([str(tmp_path)], 20, seed=1)
+    probe = {**_probe_for(drawn, lambda c: 100), "drain_s": 8.0, "drain_tokens": 500, "drain_loss_s": 3.0,
+             "in_flight": 40}
+    doc = build_estimate(drawn, probe, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
+    assert any("a SHORT run: 2.5 engine-fulls per engine (100 rows over 1 engine(s), 40 conversations" in a
+               for a in doc["assumptions"])
+    # The same rows held 10 at a time are 10 engine-fulls: no note; nor on 4 engines of 40 when no drain was measured.
+    for in_flight, engines, drain in ((10, 1, 3.0), (40, 4, None)):
+        other = build_estimate(drawn, {**probe, "in_flight": in_flight, "drain_loss_s": drain}, CONFIG,
+                               EstimateOptions(sample_size=20, engines=engines), inputs=["a"])
+        assert not any("SHORT run" in a for a in other["assumptions"])
+    # The figures themselves are unchanged: the note says how to read them.
+    assert doc["engine_hours"]["value"] == pytest.approx(100 * 100 / 100.0 / 3600 + 3.0 / 3600)
