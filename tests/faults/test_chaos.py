@@ -25,12 +25,16 @@ def test_sigkill_sigterm_redis_flush_and_a_new_worker_lose_nothing(settings, s3_
     expected = write_prompts(tmp_path / "chaos.jsonl", 240, prefix="c")
     a = start_worker("a", concurrency=4, extra=FAST_RECOVERY)
     b = start_worker("b", concurrency=4, extra=FAST_RECOVERY)
-    a.wait_ready()
-    b.wait_ready()
+    # Submitted while the engines load, so the batches wait for the workers rather than the test for
+    # its submit: run after both were ready, the submit (a CLI process) once came back on a loaded
+    # machine after both workers had finished the whole run (~15 s of work), and there was nothing
+    # left to kill mid-batch.
     run_cli(["submit", str(tmp_path / "chaos.jsonl"), "--run", "chaos", "--model", a.model, "--output",
              f"{s3_bucket}/chaos", "--batch-size", "8", "--max-tokens", "256", "--seed", "3",
              # Random weights are all truncation; the quality gate is tested elsewhere.
              "--quality-thresholds", '{"gate_overridden": true}'], env)
+    a.wait_ready()
+    b.wait_ready()
     logs = lambda: "\n".join(w.name + ":\n" + w.log()[-2500:] for w in (a, b))  # noqa: E731
 
     # 1. Node crash: every process of worker a dies at once, mid-batch.
