@@ -27,8 +27,8 @@ def test_sigkill_sigterm_redis_flush_and_a_new_worker_lose_nothing(settings, s3_
     b = start_worker("b", concurrency=4, extra=FAST_RECOVERY)
     # Submitted while the engines load, so the batches wait for the workers rather than the test for
     # its submit: run after both were ready, the submit (a CLI process) once came back on a loaded
-    # machine after both workers had finished the whole run (~15 s of work), and there was nothing
-    # left to kill mid-batch.
+    # machine after both workers had finished the whole run (30 small batches), and there was
+    # nothing left to kill mid-batch.
     run_cli(["submit", str(tmp_path / "chaos.jsonl"), "--run", "chaos", "--model", a.model, "--output",
              f"{s3_bucket}/chaos", "--batch-size", "8", "--max-tokens", "256", "--seed", "3",
              # Random weights are all truncation; the quality gate is tested elsewhere.
