@@ -280,10 +280,9 @@ def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: st
         doc = estimate([str(jsonl)], config, estimate_options(args, extra))
     url = save_estimate(ObjectStore.from_settings(scratch.settings), f"{scratch.output_root}/{run_name}", doc)
     print(render_estimate(doc))
-    print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s "
-          f"({'the probe reused' if reused else 'engine load included'}); saved to {url}"
-          + (f"; the probe's results kept in {args.probe_results}" if args.probe_results and not reused else ""),
-          flush=True)
+    how = "the probe reused" if reused else "engine load included"
+    kept = f"; the probe's results kept in {args.probe_results}" if args.probe_results and not reused else ""
+    print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s ({how}); saved to {url}{kept}", flush=True)
 
 
 def estimate_options(args, extra: dict):
