@@ -75,3 +75,34 @@ def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_hos
     # The occupancy sampler (worker/engine/occupancy.py) saw what this gate did: an engine far below
     # max_num_seqs while conversations waited at the gate, the starvation it exists to report.
     assert engine_host.occupancy.total.short_waiting > short_before
+
+
+def test_abort_unstarted_drops_only_the_requests_still_waiting_for_their_first_step(engine_host):
+    # The estimate's probe ends its drain this way (worker/engine/pilot.py): what vLLM has not yet
+    # started is dropped, what runs is kept. 16 more requests than max_num_seqs: the first 256 run
+    # (one step admits them all: short prompts, no chunking on the CPU build), the last 16 wait.
+    extra, max_tokens = 16, 48
+    sampling = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
+    prompts = [[11 + i % 50, 12, 13, 14, 15 + i % 7] for i in range(engine_host.max_num_seqs + extra)]
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(engine_host.generate(p, sampling)) for p in prompts]
+        states = engine_host._llm.output_processor.request_states
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300
+        while sum(not s.is_prefilling for s in states.values()) < engine_host.max_num_seqs:
+            assert loop.time() < deadline, "the engine never started its first max_num_seqs requests"
+            await asyncio.sleep(0.005)
+        aborted = await engine_host.abort_unstarted()
+        return aborted, await asyncio.gather(*tasks)
+
+    aborted, generations = engine_host.submit(scenario()).result(timeout=900)
+    assert aborted == extra
+    ended = [g.finish_reason for g in generations]
+    # FCFS: the requests still waiting were the last ones submitted; nothing that ran was touched.
+    assert ended == ["length"] * engine_host.max_num_seqs + ["abort"] * extra
+    assert all(len(g.token_ids) == max_tokens for g in generations[:-extra])
+    assert all(len(g.token_ids) == 0 for g in generations[-extra:])
+    assert engine_host.num_unfinished() == 0
+    # With nothing waiting, nothing is aborted.
+    assert engine_host.submit(engine_host.abort_unstarted()).result(timeout=60) == 0

@@ -414,3 +414,24 @@ def test_a_run_of_few_engine_fulls_is_told_its_drain_is_likely_overstated(tmp_pa
         assert not any("SHORT run" in a for a in other["assumptions"])
     # The figures themselves are unchanged: the note says how to read them.
     assert doc["engine_hours"]["value"] == pytest.approx(100 * 100 / 100.0 / 3600 + 3.0 / 3600)
+
+
+def test_the_drain_line_says_when_the_probe_dropped_unstarted_repeats(tmp_path):
+    # worker/engine/pilot.py aborts the repeats still waiting unstarted when its drain begins; the
+    # assumption naming the drain says so, and an older probe (no count) reads as before.
+    _write_dataset(tmp_path / "a.jsonl", [_chat(i, 1, 5) for i in range(100)])
+    drawn = draw_sample([str(tmp_path)], 20, seed=1)
+    probe = {**_probe_for(drawn, lambda c: 100), "drain_s": 8.0, "drain_tokens": 500, "drain_loss_s": 3.0,
+             "in_flight": 40}
+
+    def drain_line(extra):
+        doc = build_estimate(drawn, {**probe, **extra}, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
+        (line,) = [a for a in doc["assumptions"] if a.startswith("at the end of a run each engine drains")]
+        return line, doc
+
+    dropped, doc = drain_line({"drain_unstarted_aborted": 1250})
+    assert "(the 1,250 repeats still waiting unstarted dropped first" in dropped
+    for older in ({}, {"drain_unstarted_aborted": 0}, {"drain_unstarted_aborted": None}):
+        line, other = drain_line(older)
+        assert "unstarted" not in line and "8.0 s to empty" in line
+        assert other["engine_hours"] == doc["engine_hours"]  # the count changes the words, not the price

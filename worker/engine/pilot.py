@@ -137,11 +137,12 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     * settled: repeats keep it full for as long again (the time the last sample took),
       long enough for the engine to hold a long run's mix of lengths and ages; the
       throughput is measured over this phase only;
-    * drain: nothing more starts and the repeats still running finish, as a run's last
-      conversations do when its queue is empty, and that is measured (``drain_s``,
-      ``drain_tokens``, ``drain_loss_s``: see :func:`_drain`).
+    * drain: nothing more starts, the repeats not yet started are dropped, and those
+      still running finish, as a run's last conversations do when its queue is empty,
+      and that is measured (``drain_s``, ``drain_tokens``, ``drain_loss_s``: see
+      :func:`_drain`).
 
-    The probe thus takes about twice its longest conversation plus one drain. Repeats'
+    The probe thus takes about twice its longest conversation plus one tail. Repeats'
     results are not kept: per-sample records are the samples' own. Without
     ``measure_rate`` only the samples run (no repeats, so neither phase), and the rate
     and its start-up and drain figures are None.
@@ -149,7 +150,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     Returns:
         ``{"samples": [...], "output_tokens", "wall_s", "tokens_per_s",
         "first_to_last_tokens_per_s", "peak_in_engine", "repeats", "throughput_window_s",
-        "drain_s", "drain_tokens", "drain_loss_s"}``.
+        "drain_s", "drain_tokens", "drain_loss_s", "drain_unstarted_aborted"}``.
         ``tokens_per_s`` is the engine's generated tokens over the settled phase; without
         vLLM's token counter it falls back to the tokens of the conversations finished by
         the last sample's end over that time.
@@ -227,8 +228,14 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
                 pass
         # The drain: nothing more starts, the repeats still running finish, as a run's last
         # conversations do when its queue is empty. What that costs against a full engine is
-        # measured here rather than guessed (see _drain).
+        # measured here rather than guessed (see _drain). The repeats still waiting in vLLM's
+        # queue, never started, are dropped first: at a run's end that queue is worked through
+        # at the full engine's rate, time that loses nothing, and where the cache holds fewer
+        # than ``in_flight`` it is most of the drain (~1,250 of 1,536 for the 32B shape on an
+        # H200: ~8 minutes at full rate). The conversations still running when it empties are
+        # as these are now, every age of a full engine, so the tail measured is the same one.
         drain_started = time.monotonic() - t0
+        drain_aborted = await engine.abort_unstarted() if measure_rate and running else 0
         while running:
             done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             timeline.append((time.monotonic() - t0, read_generated()))
@@ -267,6 +274,9 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         "peak_in_engine": peak,
         "repeats": repeats,
         "repeat_tokens": repeat_tokens,
+        # Repeats dropped unstarted when the drain began (None: this vLLM cannot tell; the
+        # drain then worked through them, which takes longer and measures the same loss).
+        "drain_unstarted_aborted": drain_aborted,
     }
 
 
