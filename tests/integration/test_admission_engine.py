@@ -106,3 +106,39 @@ def test_abort_unstarted_drops_only_the_requests_still_waiting_for_their_first_s
     assert engine_host.num_unfinished() == 0
     # With nothing waiting, nothing is aborted.
     assert engine_host.submit(engine_host.abort_unstarted()).result(timeout=60) == 0
+
+
+def test_abort_unstarted_withdraws_the_batches_waiting_at_the_gate_and_keeps_the_admitted(engine_host, renderer):
+    # The probe's conversations beyond the gate's level wait there (each its own batch); they are
+    # dropped too, and a slot freed later lets none of them in.
+    from worker.conversation.generation import generate_batch
+    from worker.engine.admission import HandedBack
+
+    run = _run(engine_host, renderer, max_tokens=48)
+    run["sampling"]["ignore_eos"] = True
+    gate = RecordingGate(4, engine_host)
+    saved, engine_host.admission = engine_host.admission, None
+
+    async def scenario():
+        engine_host.admission = gate
+        batches = [asyncio.ensure_future(generate_batch(engine_host, renderer, _samples(1, f"b{i}"), run))
+                   for i in range(10)]
+        states = engine_host._llm.output_processor.request_states
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300
+        while sum(not s.is_prefilling for s in states.values()) < 4:
+            assert loop.time() < deadline, "the gate's first four never started"
+            await asyncio.sleep(0.005)
+        dropped = await engine_host.abort_unstarted()
+        return dropped, await asyncio.gather(*batches, return_exceptions=True)
+
+    try:
+        dropped, outcomes = engine_host.submit(scenario()).result(timeout=900)
+    finally:
+        engine_host.admission = saved
+    assert dropped == 6
+    # The gate admits the oldest first: the first four ran to their budget, the six behind them were handed back.
+    assert [type(o).__name__ for o in outcomes] == ["list"] * 4 + ["HandedBack"] * 6
+    assert all(isinstance(o, HandedBack) for o in outcomes[4:])
+    assert [(rows[0]["status"], rows[0]["usage"]["completion_tokens"]) for rows in outcomes[:4]] == [("done", 48)] * 4
+    assert len(gate.grants) == 4 and gate.waiting == 0

@@ -282,23 +282,31 @@ class EngineHost(LoopHost):
         return self._count_unfinished() if self._llm is not None else 0
 
     async def abort_unstarted(self) -> int | None:
-        """Abort every request that has not yet produced a token; runs on the engine loop.
+        """Drop every conversation not yet started: at the gate, and in vLLM's queue; runs on the engine loop.
 
         For the estimate's probe only (worker/engine/pilot.py), never a worker: at a run's
-        end the requests waiting in vLLM's queue are worked through at the full engine's
-        rate, which costs time and no loss, so the probe drops them and measures only the
-        tail. A preempted request has produced tokens and is kept. Each aborted request's
-        ``generate`` returns an empty generation ending "abort". Returns how many were
-        aborted, or None where this vLLM's output processor does not say which have started
-        (its request states and their ``is_prefilling``: 0.26-0.32); nothing is aborted then.
+        end the work still waiting is done at the full engine's rate, which costs time and
+        no loss, so the probe drops it and measures only the tail. First the batches waiting
+        at the admission gate with nothing admitted are withdrawn (their waiters raise
+        ``HandedBack``), so no slot freed below lets one in; then the requests vLLM holds
+        that have not produced a token are aborted (each one's ``generate`` returns an empty
+        generation ending "abort"). A preempted request has produced tokens and is kept.
+        Returns how many conversations were dropped, or None where this vLLM's output
+        processor does not say which requests have started (its request states and their
+        ``is_prefilling``: 0.26-0.32); nothing is dropped then.
         """
         states = getattr(getattr(self._llm, "output_processor", None), "request_states", None)
         if not isinstance(states, dict):
             return None
+        withdrawn = 0
+        if self.admission is not None:
+            before = self.admission.waiting
+            self.admission.withdraw_unstarted(len(self.admission.unstarted()))
+            withdrawn = before - self.admission.waiting
         unstarted = [rid for rid, state in states.items() if getattr(state, "is_prefilling", False)]
         if unstarted:
             await self._llm.abort(unstarted, internal=True)
-        return len(unstarted)
+        return withdrawn + len(unstarted)
 
     def _cancel_output_handler(self) -> None:
         """Stop vLLM's output handler before the engine core goes.

@@ -47,6 +47,7 @@ from typing import Any
 from ledger.errors import ConfigError
 from worker.conversation.generation import generate_batch
 from worker.conversation.rendering import Renderer
+from worker.engine.admission import HandedBack
 from worker.engine.args import parse_engine_args
 from worker.engine.host import EngineHost
 
@@ -228,8 +229,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
                 pass
         # The drain: nothing more starts, the repeats still running finish, as a run's last
         # conversations do when its queue is empty. What that costs against a full engine is
-        # measured here rather than guessed (see _drain). The repeats still waiting in vLLM's
-        # queue, never started, are dropped first: at a run's end that queue is worked through
+        # measured here rather than guessed (see _drain). The repeats still waiting, at the gate
+        # or in vLLM's queue, never started, are dropped first: at a run's end that queue is worked through
         # at the full engine's rate, time that loses nothing, and where the cache holds fewer
         # than ``in_flight`` it is most of the drain (~1,250 of 1,536 for the 32B shape on an
         # H200: ~8 minutes at full rate). The conversations still running when it empties are
@@ -241,7 +242,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
             timeline.append((time.monotonic() - t0, read_generated()))
             for future in done:
                 running.pop(future)
-                future.result()
+                if not isinstance(future.exception(), HandedBack):  # dropped unstarted at the gate
+                    future.result()
     finally:
         for future in running:
             future.cancel()
