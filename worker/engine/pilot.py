@@ -230,11 +230,12 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         # The drain: nothing more starts, the repeats still running finish, as a run's last
         # conversations do when its queue is empty. What that costs against a full engine is
         # measured here rather than guessed (see _drain). The repeats still waiting, at the gate
-        # or in vLLM's queue, never started, are dropped first: at a run's end that queue is worked through
-        # at the full engine's rate, time that loses nothing, and where the cache holds fewer
-        # than ``in_flight`` it is most of the drain (~1,250 of 1,536 for the 32B shape on an
-        # H200: ~8 minutes at full rate). The conversations still running when it empties are
-        # as these are now, every age of a full engine, so the tail measured is the same one.
+        # or in vLLM's queue, never started, are dropped first: at a run's end that queue is
+        # worked through at the full engine's rate, time that loses nothing, and where the cache
+        # holds fewer than ``in_flight`` it is most of the drain (for the 32B shape on an H200,
+        # ~1,250 of 1,536 wait: ~8 minutes at the full rate, by arithmetic). The conversations
+        # still running when it empties are as these are now, every age of a full engine, so the
+        # tail measured is the same one (bench/probe_drain.py compares the two).
         drain_started = time.monotonic() - t0
         drain_aborted = await engine.abort_unstarted() if measure_rate and running else 0
         while running:
