@@ -142,3 +142,20 @@ def test_abort_unstarted_withdraws_the_batches_waiting_at_the_gate_and_keeps_the
     assert all(isinstance(o, HandedBack) for o in outcomes[4:])
     assert [(rows[0]["status"], rows[0]["usage"]["completion_tokens"]) for rows in outcomes[:4]] == [("done", 48)] * 4
     assert len(gate.grants) == 4 and gate.waiting == 0
+
+
+def test_the_probes_drain_drops_what_waits_and_keeps_every_sample(engine_host, renderer):
+    # worker/engine/pilot.py end to end on the real engine: 450 conversations kept in it, above the gate's
+    # level (384) and max_num_seqs (256), so when its drain begins some wait at the gate and some in vLLM's
+    # queue. Those are dropped; every sample's own record is kept, and nothing is left behind.
+    from worker.engine.pilot import probe_samples
+
+    samples = _samples(12, "probe")
+    result = engine_host.submit(probe_samples(engine_host, renderer, samples, _run(engine_host, renderer),
+                                              in_flight=450)).result(timeout=900)
+    assert result["repeats"] > 0
+    dropped = result["drain_unstarted_aborted"]
+    # What ran was kept: vLLM runs up to 256 of them, fewer for a moment after a step ends some.
+    assert 0 < dropped <= 450 - engine_host.max_num_seqs // 2, dropped
+    assert [r["status"] for r in result["samples"]] == ["done"] * 12
+    assert engine_host.num_unfinished() == 0 and engine_host.admission.waiting == 0
