@@ -66,7 +66,10 @@ def run(args) -> list[dict]:
         print(f"engine: max_num_seqs {engine.max_num_seqs}, KV cache {engine.kv_cache_tokens:,} tokens; "
               f"{len(samples)} samples, {in_flight} conversations kept in it", flush=True)
         for index, arm in enumerate(("warm-up (drop)", *ARMS) if args.warm_up else ARMS):
-            engine.abort_unstarted = _keep_waiting if arm == "keep" else EngineHost.abort_unstarted.__get__(engine)
+            if arm == "keep":
+                engine.abort_unstarted = _keep_waiting  # shadows the method on this instance only
+            else:
+                vars(engine).pop("abort_unstarted", None)  # the method itself again
             started = time.monotonic()
             result = engine.submit(probe_samples(engine, renderer, samples, run_record, in_flight=in_flight)).result()
             result = {k: v for k, v in result.items() if k != "samples"}
@@ -84,23 +87,23 @@ def run(args) -> list[dict]:
 
 def summary(results: list[dict]) -> list[str]:
     """Each arm's drains and losses side by side, and their ratio (the warm-up left out)."""
-    by_arm = {arm: [r for r in results if r["arm"] == arm] for arm in ("keep", "drop")}
+    arms = {}
+    for arm in ("keep", "drop"):
+        rows = [r for r in results if r["arm"] == arm]
+        losses = [r["drain_loss_s"] for r in rows]
+        arms[arm] = {"rows": rows, "drain": statistics.mean(r["drain_s"] for r in rows), "loss": statistics.mean(losses),
+                     "spread": max(losses) - min(losses), "probe": statistics.mean(r["probe_s"] for r in rows)}
     lines = ["", "| drain | runs | drain s (each) | loss s (each) | mean loss s | probe s (mean) |",
              "|---|---:|---|---|---:|---:|"]
-    for arm, rows in by_arm.items():
-        drains = ", ".join(f"{r['drain_s']:.1f}" for r in rows)
-        losses = ", ".join(f"{r['drain_loss_s']:.2f}" for r in rows)
-        lines.append(f"| {arm} | {len(rows)} | {drains} | {losses} | "
-                     f"{statistics.mean(r['drain_loss_s'] for r in rows):.2f} | "
-                     f"{statistics.mean(r['probe_s'] for r in rows):.1f} |")
-    keep, drop = by_arm["keep"], by_arm["drop"]
-    mean = statistics.mean
+    for arm, a in arms.items():
+        drains = ", ".join(f"{r['drain_s']:.1f}" for r in a["rows"])
+        losses = ", ".join(f"{r['drain_loss_s']:.2f}" for r in a["rows"])
+        lines.append(f"| {arm} | {len(a['rows'])} | {drains} | {losses} | {a['loss']:.2f} | {a['probe']:.1f} |")
+    keep, drop = arms["keep"], arms["drop"]
     lines.append("")
-    lines.append(f"drop / keep: drain {mean(r['drain_s'] for r in drop) / mean(r['drain_s'] for r in keep):.3f}x, "
-                 f"probe {mean(r['probe_s'] for r in drop) / mean(r['probe_s'] for r in keep):.3f}x; loss "
-                 f"{mean(r['drain_loss_s'] for r in drop):.2f} s against {mean(r['drain_loss_s'] for r in keep):.2f} s "
-                 f"(each arm's spread: keep {max(r['drain_loss_s'] for r in keep) - min(r['drain_loss_s'] for r in keep):.2f} s, "
-                 f"drop {max(r['drain_loss_s'] for r in drop) - min(r['drain_loss_s'] for r in drop):.2f} s)")
+    lines.append(f"drop / keep: drain {drop['drain'] / keep['drain']:.3f}x, probe {drop['probe'] / keep['probe']:.3f}x; "
+                 f"loss {drop['loss']:.2f} s against {keep['loss']:.2f} s "
+                 f"(each arm's spread: keep {keep['spread']:.2f} s, drop {drop['spread']:.2f} s)")
     return lines
 
 

@@ -329,9 +329,9 @@ def assumptions(drawn: DrawnSample, probe: dict[str, Any], throughput: dict[str,
         out.append("engine-hours assume engines kept full (continuous feeding, as regen's workers do); "
                    "GPU-hours = engine-hours × GPUs per engine (tensor parallel)")
         if probe.get("drain_loss_s") is not None:
-            dropped = probe.get("drain_unstarted_aborted")
-            dropped = (f" (the {dropped:,} repeats still waiting unstarted dropped first: a run works through "
-                       "those at the full engine's rate)" if dropped else "")
+            count = probe.get("drain_unstarted_aborted")
+            dropped = (f" (the {count:,} repeats still waiting unstarted dropped first: a run works through "
+                       "those at the full engine's rate)" if count else "")
             drain = (f"measured by the probe, which let its engine drain as a run's end does{dropped}: "
                      f"{probe['drain_s']:.1f} s to empty, {probe['drain_tokens']:,} tokens generated meanwhile, "
                      f"{probe['drain_loss_s']:.1f} s lost against a full engine; engine-hours add that loss per "

@@ -77,6 +77,16 @@ def test_the_gate_bounds_the_engine_and_admits_the_oldest_batch_first(engine_hos
     assert engine_host.occupancy.total.short_waiting > short_before
 
 
+async def _until_started(engine_host, n: int, timeout_s: float = 300.0) -> None:
+    """On the engine loop: wait until ``n`` of vLLM's requests have produced a token (no longer prefilling)."""
+    states = engine_host._llm.output_processor.request_states
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while sum(not s.is_prefilling for s in states.values()) < n:
+        assert loop.time() < deadline, f"the engine never started {n} requests"
+        await asyncio.sleep(0.005)
+
+
 def test_abort_unstarted_drops_only_the_requests_still_waiting_for_their_first_step(engine_host):
     # The estimate's probe ends its drain this way (worker/engine/pilot.py): what vLLM has not yet
     # started is dropped, what runs is kept. 16 more requests than max_num_seqs: the first 256 run
@@ -87,12 +97,7 @@ def test_abort_unstarted_drops_only_the_requests_still_waiting_for_their_first_s
 
     async def scenario():
         tasks = [asyncio.ensure_future(engine_host.generate(p, sampling)) for p in prompts]
-        states = engine_host._llm.output_processor.request_states
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 300
-        while sum(not s.is_prefilling for s in states.values()) < engine_host.max_num_seqs:
-            assert loop.time() < deadline, "the engine never started its first max_num_seqs requests"
-            await asyncio.sleep(0.005)
+        await _until_started(engine_host, engine_host.max_num_seqs)
         aborted = await engine_host.abort_unstarted()
         return aborted, await asyncio.gather(*tasks)
 
@@ -123,12 +128,7 @@ def test_abort_unstarted_withdraws_the_batches_waiting_at_the_gate_and_keeps_the
         engine_host.admission = gate
         batches = [asyncio.ensure_future(generate_batch(engine_host, renderer, _samples(1, f"b{i}"), run))
                    for i in range(10)]
-        states = engine_host._llm.output_processor.request_states
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 300
-        while sum(not s.is_prefilling for s in states.values()) < 4:
-            assert loop.time() < deadline, "the gate's first four never started"
-            await asyncio.sleep(0.005)
+        await _until_started(engine_host, 4)
         dropped = await engine_host.abort_unstarted()
         return dropped, await asyncio.gather(*batches, return_exceptions=True)
 
