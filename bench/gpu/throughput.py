@@ -289,14 +289,15 @@ def estimate_options(args, extra: dict):
     """regen estimate's options for (e): the workers' engine arguments, one engine, and ``--probe-results``.
 
     ``--probe-results FILE`` splits (e) from the run it prices where both do not fit one lent machine
-    (the 32B long workload: a probe of ~20 minutes, then the run): a first call writes the probe's
+    (the 32B long workload: a probe of ~25-30 minutes, then the run): a first call writes the probe's
     results there (``--skip b``: (e) alone), a later one reuses them (no probe engine) and runs (b).
     The estimate refuses a file of another sample (its sample ids are checked).
     """
     from producer.estimate.estimator import EstimateOptions, ThroughputChoice
 
     return EstimateOptions(sample_size=args.estimate, engines=1, throughput=ThroughputChoice(),
-                           engine_args=tuple(format_engine_args(extra)), probe_results=args.probe_results)
+                           engine_args=tuple(format_engine_args(extra)), probe_results=args.probe_results,
+                           settled_share=args.probe_settled)
 
 
 def compare_phase(scratch, run_name: str) -> None:
@@ -531,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-results", default=None, metavar="FILE",
                    help="(e)'s probe results: reused if FILE exists (no probe engine), else written there; with "
                         "--skip b, (e) runs alone (the probe in one call, the run it prices in a later one)")
+    p.add_argument("--probe-settled", type=float, default=None, metavar="SHARE",
+                   help="(e): regen estimate's --probe-settled, the probe's settled phase over its samples' "
+                        "(default: as long again; 0.5 fits the 32B probe into one lent machine)")
     p.add_argument("--gpus", default="all", help="the workers' --gpus (none: a CPU smoke run of this script)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="every request runs to its budget, in every phase (vLLM's ignore_eos in the run's record): "

@@ -36,6 +36,9 @@ _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
 @click.option("--probe-in-flight", "in_flight", type=int, default=None,
               help="conversations the probe keeps in the engine (default: its max_num_seqs, a full engine); "
                    "match the workers' (about --concurrency × --batch-size)")
+@click.option("--probe-settled", "settled_share", type=click.FloatRange(0, 4, min_open=True), default=None,
+              help="the probe's settled phase, where its rate is measured, over its samples' phase "
+                   "(default 1: as long again; 0.5 is shorter and noisier: docs/estimate.md)")
 @click.option("--draw-seed", type=int, default=0, show_default=True, help="seed of the sample draw")
 @click.option("--probe-results", default=None,
               help="JSON file: reused if it exists (no engine run), else the probe's results are kept there")
@@ -77,7 +80,8 @@ def _estimate(o: dict) -> None:
         config = run_config_from(o["model"], o)
         options = EstimateOptions(sample_size=o["sample_size"], engines=o["engines"], draw_seed=o["draw_seed"],
                                   throughput=choice, engine_args=tuple(o["engine_args"]),
-                                  in_flight=o["in_flight"], probe_results=o["probe_results"])
+                                  in_flight=o["in_flight"], probe_results=o["probe_results"],
+                                  settled_share=o["settled_share"])
         doc = estimate(list(o["paths"]), config, options)
     saved = None
     if o["output_url"] or o["save_as"]:

@@ -159,3 +159,18 @@ def test_the_probes_drain_drops_what_waits_and_keeps_every_sample(engine_host, r
     assert 0 < dropped <= 450 - engine_host.max_num_seqs // 2, dropped
     assert [r["status"] for r in result["samples"]] == ["done"] * 12
     assert engine_host.num_unfinished() == 0 and engine_host.admission.waiting == 0
+
+
+def test_the_probes_settled_phase_runs_its_share_of_the_samples_phase(engine_host, renderer):
+    # --probe-settled 0.25: the rate is measured over a quarter of the samples' time, not as long again
+    # (bench/probe_mix.py: the mix is a long run's by then, the window only noisier).
+    from worker.engine.pilot import POLL_S, probe_samples
+
+    samples = _samples(8, "settled")
+    result = engine_host.submit(probe_samples(engine_host, renderer, samples, _run(engine_host, renderer, 32),
+                                              in_flight=32, settled_share=0.25)).result(timeout=900)
+    assert result["settled_share"] == 0.25 and result["repeats"] > 0
+    samples_s, settled_s = result["samples_phase_s"], result["settled_phase_s"]
+    # It ends at the first poll (every POLL_S) past a quarter of the samples' phase; a busy CI core may be late.
+    assert 0.25 * samples_s <= settled_s <= 0.25 * samples_s + 5 * POLL_S, (samples_s, settled_s)
+    assert [r["status"] for r in result["samples"]] == ["done"] * 8

@@ -435,3 +435,23 @@ def test_the_drain_line_says_when_the_probe_dropped_unstarted_repeats(tmp_path):
         line, other = drain_line(older)
         assert "unstarted" not in line and "8.0 s to empty" in line
         assert other["engine_hours"] == doc["engine_hours"]  # the count changes the words, not the price
+
+
+def test_the_rate_line_says_how_long_the_settled_phase_ran(tmp_path):
+    # --probe-settled: the rate's assumption names the shorter window; a probe without the share
+    # (before it was recorded) or at 1 reads "as long again", as before.
+    _write_dataset(tmp_path / "a.jsonl", [_chat(i, 1, 5) for i in range(100)])
+    drawn = draw_sample([str(tmp_path)], 20, seed=1)
+    probe = _probe_for(drawn, lambda c: 100)
+
+    def rate_line(extra):
+        doc = build_estimate(drawn, {**probe, **extra}, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
+        (line,) = [a for a in doc["assumptions"] if a.startswith("tokens/s measured by the probe")]
+        return line, doc
+
+    half, doc = rate_line({"settled_share": 0.5})
+    assert "after the last sampled conversation ended, 0.5 times as long again (--probe-settled)" in half
+    assert doc["throughput"]["settled_share"] == 0.5
+    for older in ({}, {"settled_share": None}, {"settled_share": 1.0}):
+        line, _ = rate_line(older)
+        assert "conversation ended, as long again:" in line

@@ -42,8 +42,10 @@ def test_the_estimate_phase_passes_the_workers_engine_args_and_the_probe_results
 
     extra, _, _ = phase_settings(["max_num_seqs=64"], ["watermark=0.03"], on_cpu=False)
     kept = tmp_path / "probe-32b.json"
-    options = estimate_options(Namespace(estimate=256, probe_results=str(kept)), extra)
+    options = estimate_options(Namespace(estimate=256, probe_results=str(kept), probe_settled=0.5), extra)
     assert options.sample_size == 256 and options.engines == 1
     assert options.probe_results == str(kept)  # written by a first call, reused by a later one
+    assert options.settled_share == 0.5  # --probe-settled: the probe that fits one lent machine
     assert "watermark=0.03" in options.engine_args and "max_num_seqs=64" in options.engine_args
-    assert estimate_options(Namespace(estimate=256, probe_results=None), extra).probe_results is None
+    default = estimate_options(Namespace(estimate=256, probe_results=None, probe_settled=None), extra)
+    assert default.probe_results is None and default.settled_share is None

@@ -55,6 +55,11 @@ log = logging.getLogger("regen.probe")
 
 #: How often the engine's generated-token counter and request count are read.
 POLL_S = 0.2
+#: The settled phase's length over the samples' phase. As long again by default; bench/probe_mix.py
+#: (a renewal simulation of a long-tailed workload) has the engine's mix a long run's already at
+#: the samples' end, so a shorter window is unbiased and only noisier (docs/estimate.md).
+SETTLED_SHARE = 1.0
+MAX_SETTLED_SHARE = 4.0
 #: vLLM's Prometheus counter of generated tokens (filled when the engine logs stats).
 GENERATED_TOKENS_METRIC = "vllm:generation_tokens"
 
@@ -127,7 +132,8 @@ def generated_tokens_reader() -> Callable[[], float | None]:
 
 
 async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict, *,
-                        in_flight: int, measure_rate: bool = True) -> dict[str, Any]:
+                        in_flight: int, measure_rate: bool = True,
+                        settled_share: float = SETTLED_SHARE) -> dict[str, Any]:
     """Generate every sample, keeping ``in_flight`` conversations in the engine, and time it.
 
     All samples start at once (up to ``in_flight``); whenever a conversation ends another
@@ -135,15 +141,15 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     other seeds; never of one that failed) take the free places until the last sample finishes.
     The engine is thus as full as in a long run, where the queue never runs dry. Then:
 
-    * settled: repeats keep it full for as long again (the time the last sample took),
-      long enough for the engine to hold a long run's mix of lengths and ages; the
+    * settled: repeats keep it full for as long again (the time the last sample took, times
+      ``settled_share``), the engine holding a long run's mix of lengths and ages; the
       throughput is measured over this phase only;
     * drain: nothing more starts, the repeats not yet started are dropped, and those
       still running finish, as a run's last conversations do when its queue is empty,
       and that is measured (``drain_s``, ``drain_tokens``, ``drain_loss_s``: see
       :func:`_drain`).
 
-    The probe thus takes about twice its longest conversation plus one tail. Repeats'
+    The probe thus takes about 1 + ``settled_share`` times its longest conversation plus one tail. Repeats'
     results are not kept: per-sample records are the samples' own. Without
     ``measure_rate`` only the samples run (no repeats, so neither phase), and the rate
     and its start-up and drain figures are None.
@@ -151,6 +157,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     Returns:
         ``{"samples": [...], "output_tokens", "wall_s", "tokens_per_s",
         "first_to_last_tokens_per_s", "peak_in_engine", "repeats", "throughput_window_s",
+        "settled_share", "samples_phase_s", "settled_phase_s",
         "drain_s", "drain_tokens", "drain_loss_s", "drain_unstarted_aborted"}``.
         ``tokens_per_s`` is the engine's generated tokens over the settled phase; without
         vLLM's token counter it falls back to the tokens of the conversations finished by
@@ -216,7 +223,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         # here when every sample failed: there is nothing to repeat.)
         settled_from = time.monotonic() - t0
         tokens_by_last_sample = repeat_tokens + sum(r["usage"]["completion_tokens"] for r in rows.values())
-        settled_until = 2 * settled_from
+        settled_until = (1 + settled_share) * settled_from
         while running and time.monotonic() - t0 < settled_until:
             done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             timeline.append((time.monotonic() - t0, read_generated()))
@@ -276,6 +283,10 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         "in_flight": in_flight,
         "peak_in_engine": peak,
         "repeats": repeats,
+        "settled_share": settled_share if measure_rate else None,
+        # The phases' lengths as run: the samples' (until the last ended) and the settled one's.
+        "samples_phase_s": round(settled_from, 3),
+        "settled_phase_s": round(drain_started - settled_from, 3) if measure_rate else None,
         "repeat_tokens": repeat_tokens,
         # Repeats dropped unstarted when the drain began (None: this vLLM cannot tell; the
         # drain then worked through them, which takes longer and measures the same loss).
@@ -346,7 +357,7 @@ def read_samples(path: str | Path) -> list[dict]:
 
 
 def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_flight: int | None = None,
-              *, measure_rate: bool = True) -> dict[str, Any]:
+              *, measure_rate: bool = True, settled_share: float = SETTLED_SHARE) -> dict[str, Any]:
     """Load the run's model in an engine, generate ``samples``, return the results (see module doc).
 
     ``in_flight`` conversations are kept in the engine (default: its ``max_num_seqs``,
@@ -356,6 +367,8 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
     engine_args = {**engine_args, "disable_log_stats": False}
     if in_flight is not None and in_flight < 1:
         raise ValueError("in_flight must be at least 1")
+    if not 0 < settled_share <= MAX_SETTLED_SHARE:
+        raise ValueError(f"settled_share must be above 0 and at most {MAX_SETTLED_SHARE:g}, not {settled_share:g}")
     engine = EngineHost(model=run["model"], engine_args=engine_args)
     load_start = time.monotonic()
     engine.start()
@@ -365,7 +378,7 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
         in_flight = in_flight or engine.admission.level
         renderer = Renderer(engine.tokenizer, engine.max_model_len)
         result = engine.submit(probe_samples(engine, renderer, samples, run, in_flight=in_flight,
-                                             measure_rate=measure_rate)).result()
+                                             measure_rate=measure_rate, settled_share=settled_share)).result()
     finally:
         engine.shutdown()
     return {
@@ -396,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="conversations kept in the engine (default: its max_num_seqs)")
     p.add_argument("--lengths-only", action="store_true",
                    help="generate the samples only: no repeats, no settled phase, no throughput")
+    p.add_argument("--settled-share", type=float, default=SETTLED_SHARE,
+                   help="the settled phase's length over the samples' phase (default: as long again)")
     p.add_argument("--loglevel", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -409,7 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"probe: {e}", file=sys.stderr)
         return 2
-    result = run_probe(samples, run, engine_args, in_flight=args.in_flight, measure_rate=not args.lengths_only)
+    if not 0 < args.settled_share <= MAX_SETTLED_SHARE:
+        print(f"probe: --settled-share must be above 0 and at most {MAX_SETTLED_SHARE:g}, not {args.settled_share:g}",
+              file=sys.stderr)
+        return 2
+    result = run_probe(samples, run, engine_args, in_flight=args.in_flight, measure_rate=not args.lengths_only,
+                       settled_share=args.settled_share)
     write_json_atomically(args.out, result)
     log.info("probe: %d samples, %d output tokens in %.1f s (%.0f tok/s)", len(samples),
              result["output_tokens"], result["wall_s"], result["tokens_per_s"] or 0)
