@@ -283,6 +283,22 @@ def estimate_phase(args, scratch, jsonl: Path, config, extra: dict, run_name: st
     how = "the probe reused" if reused else "engine load included"
     kept = f"; the probe's results kept in {args.probe_results}" if args.probe_results and not reused else ""
     print(f"    (e) estimate took {time.perf_counter() - t0:.0f} s ({how}); saved to {url}{kept}", flush=True)
+    if args.probe_results and not reused:
+        print(f"    (e) {probe_phases(json.loads(Path(args.probe_results).read_text()))}", flush=True)
+
+
+def probe_phases(probe: dict) -> str:
+    """The probe's phases as run, in one line: where its time went, and its rate over the settled phase's
+    first half beside the whole (what ``--probe-settled 0.5`` would have measured, on the same engine)."""
+    def s(key):
+        return "-" if probe.get(key) is None else f"{probe[key]:,.1f} s"
+
+    rate, half = probe.get("tokens_per_s"), probe.get("settled_first_half_tokens_per_s")
+    ratio = f" ({half / rate:.3f} of it)" if rate and half else ""
+    return (f"probe phases: load {s('load_s')}, samples {s('samples_phase_s')}, settled {s('settled_phase_s')} "
+            f"(share {probe.get('settled_share')}), drain {s('drain_s')} ({probe.get('drain_unstarted_aborted')} "
+            f"unstarted dropped; {s('drain_loss_s')} lost); rate {rate or 0:,.0f} tok/s over the settled phase, "
+            f"{half or 0:,.0f} over its first half{ratio}")
 
 
 def estimate_options(args, extra: dict):

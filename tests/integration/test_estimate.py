@@ -56,6 +56,9 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     assert probe["output_tokens"] == sum(s["completion_tokens"] for s in probe["samples"]) > 0
     # Then it kept the engine full as long again and measured that settled phase only...
     assert probe["throughput_window_s"] >= 0.5 * probe["wall_s"]
+    assert probe["settled_share"] == 1.0 and probe["settled_phase_s"] >= probe["samples_phase_s"]
+    # ...and the rate over that phase's first half, what --probe-settled 0.5 would have measured, beside it.
+    assert probe["settled_first_half_tokens_per_s"] > 0
     # ...then let it drain as a run's end does, and measured what that cost. Random weights run
     # every request to exactly max_tokens, so the last ones can end together and the drain read
     # 0.0 s and 0 tokens (seen once in three full runs): measured, possibly nothing.

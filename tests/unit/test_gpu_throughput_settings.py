@@ -49,3 +49,15 @@ def test_the_estimate_phase_passes_the_workers_engine_args_and_the_probe_results
     assert "watermark=0.03" in options.engine_args and "max_num_seqs=64" in options.engine_args
     default = estimate_options(Namespace(estimate=256, probe_results=None, probe_settled=None), extra)
     assert default.probe_results is None and default.settled_share is None
+
+
+def test_the_probes_phases_line_sets_the_first_half_rate_beside_the_whole():
+    from bench.gpu.throughput import probe_phases
+
+    line = probe_phases({"load_s": 80.0, "samples_phase_s": 277.0, "settled_phase_s": 277.5, "settled_share": 1.0,
+                         "drain_s": 125.0, "drain_unstarted_aborted": 1250, "drain_loss_s": 60.2,
+                         "tokens_per_s": 8313.0, "settled_first_half_tokens_per_s": 8230.0})
+    assert "samples 277.0 s, settled 277.5 s (share 1.0), drain 125.0 s (1250 unstarted dropped; 60.2 s lost)" in line
+    assert line.endswith("rate 8,313 tok/s over the settled phase, 8,230 over its first half (0.990 of it)")
+    # An older probe (no half, no phases) still prints, with dashes.
+    assert "samples -, settled -" in probe_phases({"tokens_per_s": 100.0})

@@ -157,7 +157,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     Returns:
         ``{"samples": [...], "output_tokens", "wall_s", "tokens_per_s",
         "first_to_last_tokens_per_s", "peak_in_engine", "repeats", "throughput_window_s",
-        "settled_share", "samples_phase_s", "settled_phase_s",
+        "settled_share", "samples_phase_s", "settled_phase_s", "settled_first_half_tokens_per_s",
         "drain_s", "drain_tokens", "drain_loss_s", "drain_unstarted_aborted"}``.
         ``tokens_per_s`` is the engine's generated tokens over the settled phase; without
         vLLM's token counter it falls back to the tokens of the conversations finished by
@@ -270,6 +270,10 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     else:
         tokens_per_s = tokens_by_last_sample / wall_s if wall_s > 0 else None
         window_s = wall_s
+    # The rate over the settled phase's first half alone: what a probe run with half the share would
+    # have measured, from the same engine (docs/estimate.md, --probe-settled).
+    half = (_full_engine_window(timeline, settled_from, (settled_from + drain_started) / 2)
+            if window is not None else None)
     return {
         **_drain(timeline, drain_started, tokens_per_s if window is not None else None),
         **_start(timeline, settled_from, tokens_per_s if window is not None else None),
@@ -287,6 +291,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         # The phases' lengths as run: the samples' (until the last ended) and the settled one's.
         "samples_phase_s": round(settled_from, 3),
         "settled_phase_s": round(drain_started - settled_from, 3) if measure_rate else None,
+        "settled_first_half_tokens_per_s": round((half[1][1] - half[0][1]) / (half[1][0] - half[0][0]), 3)
+        if half is not None else None,
         "repeat_tokens": repeat_tokens,
         # Repeats dropped unstarted when the drain began (None: this vLLM cannot tell; the
         # drain then worked through them, which takes longer and measures the same loss).
