@@ -1,7 +1,7 @@
 """The engine half of ``regen estimate``: generate a drawn sample exactly as the workers would.
 
     python -m worker.engine.pilot --samples SAMPLE.jsonl --run RUN.json --out RESULTS.json [--engine-arg k=v ...]
-                           [--in-flight N] [--lengths-only]
+                           [--in-flight N] [--settled-share S] [--lengths-only]
 
 ``SAMPLE.jsonl`` holds normalised conversations (docs/CONTRACTS.md), ``RUN.json``
 the run as the ledger would hand it to a worker (``model``, ``sampling`` record,
@@ -18,9 +18,9 @@ most of its time draining, which a 1M-row run never does.
 
 ``--lengths-only`` (``regen estimate --lengths-only``) generates the samples and nothing
 else: no repeats, no settled phase, no drain, so no throughput (``tokens_per_s`` is None and
-``rate_measured`` false). The settled phase lasts as long as the longest sample, so this
-halves the probe where the lengths are all that is asked for (with 32K-token thinking
-traces, about half an hour of a GPU).
+``rate_measured`` false). The settled phase lasts as long as the longest sample (times
+``--settled-share``, 1 by default), so this halves the probe where the lengths are all that
+is asked for (with 32K-token thinking traces on a 32B target, ~40 minutes of an H200).
 
 The results file holds one record per conversation (tokens, finish reason, whether
 it was cut at max_tokens, when it finished) and the engine's throughput, both over
@@ -55,9 +55,10 @@ log = logging.getLogger("regen.probe")
 
 #: How often the engine's generated-token counter and request count are read.
 POLL_S = 0.2
-#: The settled phase's length over the samples' phase. As long again by default; bench/probe_mix.py
+#: The settled phase's length over the samples' phase. As long again by default. bench/probe_mix.py
 #: (a renewal simulation of a long-tailed workload) has the engine's mix a long run's already at
-#: the samples' end, so a shorter window is unbiased and only noisier (docs/estimate.md).
+#: the samples' end, so a shorter window should only be noisier; the one GPU probe that measured
+#: both ran its first half 2.6% faster than the whole (docs/estimate.md, --probe-settled).
 SETTLED_SHARE = 1.0
 MAX_SETTLED_SHARE = 4.0
 #: vLLM's Prometheus counter of generated tokens (filled when the engine logs stats).
