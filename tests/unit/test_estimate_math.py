@@ -120,15 +120,15 @@ def test_a_measured_drain_replaces_the_half_longest_conversation_bound():
 
 
 def test_probe_drain_loss_is_the_drain_less_its_tokens_at_the_full_rate():
-    from worker.engine.pilot import _drain
+    from worker.engine.probe_timeline import drain_phase
 
     # Full engine at 100 tok/s until t=10; the drain from t=10 to t=16 made 300 tokens,
     # which a full engine makes in 3 s: 3 s lost.
     timeline = [(0.0, 0.0), (5.0, 500.0), (10.0, 1000.0), (12.0, 1200.0), (14.0, 1280.0), (16.0, 1300.0)]
-    assert _drain(timeline, 10.0, 100.0) == {"drain_s": 6.0, "drain_tokens": 300, "drain_loss_s": 3.0}
+    assert drain_phase(timeline, 10.0, 100.0) == {"drain_s": 6.0, "drain_tokens": 300, "drain_loss_s": 3.0}
     # Without the engine's token counter there is nothing to measure: the estimate falls back.
-    assert _drain([(0.0, None), (1.0, None)], 0.5, 100.0)["drain_loss_s"] is None
-    assert _drain(timeline, 10.0, None)["drain_loss_s"] is None
+    assert drain_phase([(0.0, None), (1.0, None)], 0.5, 100.0)["drain_loss_s"] is None
+    assert drain_phase(timeline, 10.0, None)["drain_loss_s"] is None
 
 
 def test_estimate_uses_the_probe_s_measured_drain_and_says_so(tmp_path):
@@ -148,15 +148,15 @@ def test_estimate_uses_the_probe_s_measured_drain_and_says_so(tmp_path):
 
 
 def test_probe_start_loss_is_its_first_phase_less_its_tokens_at_the_settled_rate():
-    from worker.engine.pilot import _start
+    from worker.engine.probe_timeline import start_phase
 
     # The engine fills: 200 tokens in its first 4 s, then 100 tok/s; the last sample ends at t=10,
     # after 800 tokens, which the settled engine (100 tok/s) makes in 8 s: 2 s lost to the start.
     timeline = [(0.0, 0.0), (2.0, 50.0), (4.0, 200.0), (10.0, 800.0), (12.0, 1000.0)]
-    assert _start(timeline, 10.0, 100.0) == {"start_s": 10.0, "start_tokens": 800, "start_loss_s": 2.0}
+    assert start_phase(timeline, 10.0, 100.0) == {"start_s": 10.0, "start_tokens": 800, "start_loss_s": 2.0}
     # A start at the settled rate or faster (young, short conversations) loses nothing.
-    assert _start([(0.0, 0.0), (10.0, 1200.0)], 10.0, 100.0)["start_loss_s"] == 0.0
-    assert _start(timeline, 10.0, None)["start_loss_s"] is None
+    assert start_phase([(0.0, 0.0), (10.0, 1200.0)], 10.0, 100.0)["start_loss_s"] == 0.0
+    assert start_phase(timeline, 10.0, None)["start_loss_s"] is None
 
 
 def test_a_short_run_is_priced_with_its_start_up_and_drain():
@@ -375,15 +375,15 @@ def test_compare_puts_actual_beside_the_estimate_and_rescales_wall_to_the_worker
 
 
 def test_probe_throughput_window_is_the_settled_phase_between_the_last_sample_and_the_drain():
-    from worker.engine.pilot import _full_engine_window
+    from worker.engine.probe_timeline import full_engine_window
 
     # Young engine (fast) until the last sample ends at t=10, settled from 10 to 20, drain after.
     timeline = [(0.0, 0.0), (5.0, 800.0), (10.0, 1500.0), (15.0, 2000.0), (20.0, 2500.0), (22.0, 2600.0)]
-    (ta, ga), (tb, gb) = _full_engine_window(timeline, 10.0, 20.0)
+    (ta, ga), (tb, gb) = full_engine_window(timeline, 10.0, 20.0)
     assert (ta, ga) == (10.0, 1500.0) and (tb, gb) == (20.0, 2500.0)
     assert (gb - ga) / (tb - ta) == 100.0  # not the young phase's 150
     # Without the engine's token counter there is no window (the caller falls back).
-    assert _full_engine_window([(0.0, None), (5.0, None)], 2.0, 5.0) is None
+    assert full_engine_window([(0.0, None), (5.0, None)], 2.0, 5.0) is None
 
 
 def test_probe_record_counts_answer_tokens_as_all_tokens_when_the_model_has_no_think_tag():
@@ -416,6 +416,13 @@ def test_a_run_of_few_engine_fulls_is_told_its_drain_is_likely_overstated(tmp_pa
     assert doc["engine_hours"]["value"] == pytest.approx(100 * 100 / 100.0 / 3600 + 3.0 / 3600)
 
 
+def _assumption(drawn, probe: dict, starts_with: str) -> tuple[str, dict]:
+    """The estimate of ``drawn`` on ``probe``, and its one assumption line starting with ``starts_with``."""
+    doc = build_estimate(drawn, probe, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
+    (line,) = [a for a in doc["assumptions"] if a.startswith(starts_with)]
+    return line, doc
+
+
 def test_the_drain_line_says_when_the_probe_dropped_unstarted_repeats(tmp_path):
     # worker/engine/pilot.py aborts the repeats still waiting unstarted when its drain begins; the
     # assumption naming the drain says so, and an older probe (no count) reads as before.
@@ -425,9 +432,7 @@ def test_the_drain_line_says_when_the_probe_dropped_unstarted_repeats(tmp_path):
              "in_flight": 40}
 
     def drain_line(extra):
-        doc = build_estimate(drawn, {**probe, **extra}, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
-        (line,) = [a for a in doc["assumptions"] if a.startswith("at the end of a run each engine drains")]
-        return line, doc
+        return _assumption(drawn, {**probe, **extra}, "at the end of a run each engine drains")
 
     dropped, doc = drain_line({"drain_unstarted_aborted": 1250})
     assert "(the 1,250 repeats still waiting unstarted dropped first" in dropped
@@ -445,9 +450,7 @@ def test_the_rate_line_says_how_long_the_settled_phase_ran(tmp_path):
     probe = _probe_for(drawn, lambda c: 100)
 
     def rate_line(extra):
-        doc = build_estimate(drawn, {**probe, **extra}, CONFIG, EstimateOptions(sample_size=20), inputs=["a"])
-        (line,) = [a for a in doc["assumptions"] if a.startswith("tokens/s measured by the probe")]
-        return line, doc
+        return _assumption(drawn, {**probe, **extra}, "tokens/s measured by the probe")
 
     half, doc = rate_line({"settled_share": 0.5})
     assert "after the last sampled conversation ended, 0.5 times as long again (--probe-settled)" in half

@@ -50,11 +50,10 @@ from worker.conversation.rendering import Renderer
 from worker.engine.admission import HandedBack
 from worker.engine.args import parse_engine_args
 from worker.engine.host import EngineHost
+from worker.engine.probe_timeline import POLL_S, drain_phase, full_engine_window, start_phase, window_rate
 
 log = logging.getLogger("regen.probe")
 
-#: How often the engine's generated-token counter and request count are read.
-POLL_S = 0.2
 #: The settled phase's length over the samples' phase. As long again by default. bench/probe_mix.py
 #: (a renewal simulation of a long-tailed workload) has the engine's mix a long run's already at
 #: the samples' end, so a shorter window should only be noisier; the one GPU probe that measured
@@ -148,7 +147,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     * drain: nothing more starts, the repeats not yet started are dropped, and those
       still running finish, as a run's last conversations do when its queue is empty,
       and that is measured (``drain_s``, ``drain_tokens``, ``drain_loss_s``: see
-      :func:`_drain`).
+      :func:`~worker.engine.probe_timeline.drain_phase`).
 
     The probe thus takes about 1 + ``settled_share`` times its longest conversation plus one tail. Repeats'
     results are not kept: per-sample records are the samples' own. Without
@@ -237,7 +236,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
                 pass
         # The drain: nothing more starts, the repeats still running finish, as a run's last
         # conversations do when its queue is empty. What that costs against a full engine is
-        # measured here rather than guessed (see _drain). The repeats still waiting, at the gate
+        # measured here rather than guessed (see drain_phase). The repeats still waiting, at the gate
         # or in vLLM's queue, never started, are dropped first: at a run's end that queue is
         # worked through at the full engine's rate, time that loses nothing, and where the cache
         # holds fewer than ``in_flight`` it is most of the drain (for the 32B shape on an H200,
@@ -260,24 +259,23 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     wall_s = max(finished.values()) if finished else 0.0
     records = [sample_record(rows[i], finished[i], started[i]) for i in range(len(samples))]
     output_tokens = sum(r["completion_tokens"] for r in records)
-    window = _full_engine_window(timeline, settled_from, drain_started) if measure_rate else None
+    window = full_engine_window(timeline, settled_from, drain_started) if measure_rate else None
     if not measure_rate:
         # No repeats ran, so nothing was measured with the engine full: no rate rather than
         # the sample's first-to-last one, which understates a full engine.
         tokens_per_s, window_s = None, None
     elif window is not None:
-        (ta, ga), (tb, gb) = window
-        tokens_per_s, window_s = (gb - ga) / (tb - ta), tb - ta
+        tokens_per_s, window_s = window_rate(window), window[1][0] - window[0][0]
     else:
         tokens_per_s = tokens_by_last_sample / wall_s if wall_s > 0 else None
         window_s = wall_s
     # The rate over the settled phase's first half alone: what a probe run with half the share would
     # have measured, from the same engine (docs/estimate.md, --probe-settled).
-    half = (_full_engine_window(timeline, settled_from, (settled_from + drain_started) / 2)
+    half = (full_engine_window(timeline, settled_from, (settled_from + drain_started) / 2)
             if window is not None else None)
     return {
-        **_drain(timeline, drain_started, tokens_per_s if window is not None else None),
-        **_start(timeline, settled_from, tokens_per_s if window is not None else None),
+        **drain_phase(timeline, drain_started, tokens_per_s if window is not None else None),
+        **start_phase(timeline, settled_from, tokens_per_s if window is not None else None),
         "samples": records,
         "output_tokens": output_tokens,
         "wall_s": round(wall_s, 4),
@@ -292,8 +290,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         # The phases' lengths as run: the samples' (until the last ended) and the settled one's.
         "samples_phase_s": round(settled_from, 3),
         "settled_phase_s": round(drain_started - settled_from, 3) if measure_rate else None,
-        "settled_first_half_tokens_per_s": round((half[1][1] - half[0][1]) / (half[1][0] - half[0][0]), 3)
-        if half is not None else None,
+        "settled_first_half_tokens_per_s": round(window_rate(half), 3) if half is not None else None,
         "repeat_tokens": repeat_tokens,
         # Repeats dropped unstarted when the drain began (None: this vLLM cannot tell; the
         # drain then worked through them, which takes longer and measures the same loss).
@@ -301,61 +298,11 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     }
 
 
-def _drain(timeline: list[tuple[float, float | None]], start_s: float, full_tokens_per_s: float | None
-           ) -> dict[str, float | None]:
-    """The end of a run as the probe saw it: from the end of the settled phase until the engine was empty.
-
-    ``drain_loss_s`` is the time a full engine would have saved: the drain's length less
-    the tokens generated during it at the full-engine rate. It is what an engine loses at
-    the end of a run (the estimate adds it once per engine), measured on this engine with
-    this workload's lengths: the tail is emptied at whatever speed fewer sequences run.
-    None without vLLM's token counter.
-    """
-    points = [(t, g) for t, g in timeline if g is not None and t >= start_s - POLL_S]
-    if not points or full_tokens_per_s is None:
-        return {"drain_s": None, "drain_tokens": None, "drain_loss_s": None}
-    before = max((p for p in points if p[0] <= start_s + 1e-9), default=points[0], key=lambda p: p[0])
-    end = points[-1]
-    drain_s, drain_tokens = max(0.0, end[0] - before[0]), max(0.0, end[1] - before[1])
-    loss = max(0.0, drain_s - drain_tokens / full_tokens_per_s)
-    return {"drain_s": round(drain_s, 3), "drain_tokens": int(drain_tokens), "drain_loss_s": round(loss, 3)}
-
-
-def _start(timeline: list[tuple[float, float | None]], end_s: float, full_tokens_per_s: float | None
-           ) -> dict[str, float | None]:
-    """The start of a run as the probe saw it: from the first submit until the last sample ended.
-
-    Every conversation starts at once, as a run's first admission level does, and the
-    engine holds young ones only (on a KV-limited engine it overcommits, then preempts as
-    they grow). ``start_loss_s`` is the time that phase took beyond its tokens at the
-    settled, full-engine rate (never below 0): what an engine loses filling up at a run's
-    start, which the estimate adds once per engine, as it adds the drain. None without
-    vLLM's token counter.
-    """
-    points = [(t, g) for t, g in timeline if g is not None and t <= end_s + POLL_S]
-    if len(points) < 2 or full_tokens_per_s is None:
-        return {"start_s": None, "start_tokens": None, "start_loss_s": None}
-    first = points[0]
-    last = max((p for p in points if p[0] <= end_s + 1e-9), default=points[-1], key=lambda p: p[0])
-    start_s, start_tokens = max(0.0, last[0] - first[0]), max(0.0, last[1] - first[1])
-    loss = max(0.0, start_s - start_tokens / full_tokens_per_s)
-    return {"start_s": round(start_s, 3), "start_tokens": int(start_tokens), "start_loss_s": round(loss, 3)}
-
-
-def _full_engine_window(timeline: list[tuple[float, float | None]], start_s: float, end_s: float):
-    """The (time, generated tokens) points bounding the settled, full-engine phase, or None.
-
-    From the last sample's end (``start_s``) to the start of the drain (``end_s``);
-    None without the engine's token counter or when nothing was generated in between.
-    """
-    points = [(t, g) for t, g in timeline if g is not None and t <= end_s + 1e-9]
-    if len(points) < 2:
-        return None
-    start = next((p for p in points if p[0] >= start_s - 1e-9), points[0])
-    end = points[-1]
-    if end[0] - start[0] <= 0 or end[1] <= start[1]:
-        return None
-    return start, end
+def check_settled_share(share: float) -> float:
+    """``share`` if a settled phase can be that long against the samples' phase, else ValueError."""
+    if not 0 < share <= MAX_SETTLED_SHARE:
+        raise ValueError(f"the settled share must be above 0 and at most {MAX_SETTLED_SHARE:g}, not {share:g}")
+    return share
 
 
 def read_samples(path: str | Path) -> list[dict]:
@@ -374,8 +321,7 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
     engine_args = {**engine_args, "disable_log_stats": False}
     if in_flight is not None and in_flight < 1:
         raise ValueError("in_flight must be at least 1")
-    if not 0 < settled_share <= MAX_SETTLED_SHARE:
-        raise ValueError(f"settled_share must be above 0 and at most {MAX_SETTLED_SHARE:g}, not {settled_share:g}")
+    check_settled_share(settled_share)
     engine = EngineHost(model=run["model"], engine_args=engine_args)
     load_start = time.monotonic()
     engine.start()
@@ -431,9 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"probe: {e}", file=sys.stderr)
         return 2
-    if not 0 < args.settled_share <= MAX_SETTLED_SHARE:
-        print(f"probe: --settled-share must be above 0 and at most {MAX_SETTLED_SHARE:g}, not {args.settled_share:g}",
-              file=sys.stderr)
+    try:
+        check_settled_share(args.settled_share)
+    except ValueError as e:
+        print(f"probe: --settled-share: {e}", file=sys.stderr)
         return 2
     result = run_probe(samples, run, engine_args, in_flight=args.in_flight, measure_rate=not args.lengths_only,
                        settled_share=args.settled_share)
