@@ -43,7 +43,7 @@ def test_every_committed_template_has_a_row_and_the_checked_ones_a_sha256():
     noted = _noted()
     assert set(noted) == {p.name for p in TEMPLATES.glob("*.jinja")}
     for name in ("kimi_k2_instruct.jinja", "kimi_k2_thinking.jinja", "mistral_small31.jinja",
-                 "magistral_small2509.jinja", "gpt_oss.jinja", "llama31.jinja"):
+                 "magistral_small2509.jinja", "gpt_oss.jinja", "llama31.jinja", "qwen36.jinja"):
         assert noted[name], f"SOURCES.md notes no sha256 for {name}"
 
 
