@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from celery import Celery
 from sqlalchemy import func, select, text
@@ -190,6 +192,11 @@ class _Submitter:
         # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
         self._ids_lock = threading.Lock()
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="submit-upload")
+def _legacy_source(source: tuple[str, int]) -> tuple[str, int] | None:
+    """A source recorded as typed (before files were keyed by resolved path), resolved from here."""
+    return None if os.path.isabs(source[0]) else (str(Path(source[0]).resolve()), source[1])
+
+
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
         self._in_writer: deque[Future] = deque()
         self._failed = threading.Event()
@@ -214,7 +221,7 @@ class _Submitter:
                 if first is None:
                     self.unwritten[sample["sample_id"]] = src
                     fresh.append(sample)
-                elif first == src:
+                elif first == src or _legacy_source(first) == src:
                     self.report.samples_known += 1  # the same row, submitted again
                 else:
                     rejects.append(_Reject(src[0], src[1], DUPLICATE_REASON,

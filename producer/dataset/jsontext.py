@@ -56,6 +56,21 @@ def loads(text: str) -> Any:
     return obj
 
 
+def raw_decode(text: str, pos: int) -> tuple[Any, int]:
+    """:func:`loads` of the one JSON value that starts at ``text[pos]``: the value and where it ends.
+
+    Raises:
+        as :func:`loads`.
+    """
+    try:
+        obj, end = _DECODER.raw_decode(text, pos)
+    except RecursionError as e:
+        raise ValueError("JSON is nested too deeply") from e
+    if (text.find("\\ud", pos, end) >= 0 or text.find("\\uD", pos, end) >= 0) and has_lone_surrogate(obj):
+        raise LoneSurrogate("JSON escapes a lone surrogate (\\ud800-\\udfff)")
+    return obj, end
+
+
 def parse_field(text: str, reason: str, where: str) -> Any:
     """:func:`loads` for a JSON string held in a field (tools, tool call arguments).
 

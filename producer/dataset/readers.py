@@ -6,15 +6,24 @@ A file that cannot be read gives one ``unreadable_file`` row where reading
 stopped (for Parquet, one per unreadable row group, and the other row groups are
 still read); the other files are always read.
 
+Forms: JSON lines (plain, ``.gz`` or ``.zst``), a ``.json`` file that is one JSON array
+(json_array.py), Parquet, and the Arrow files of a ``datasets.save_to_disk`` folder
+(arrow_files.py). A folder is read as one dataset: every such file in it, sorted.
+
 Row numbers follow docs/CONTRACTS.md: JSONL rows are 1-based line numbers (what an
-editor shows, blank lines counted), Parquet rows are 0-based row indexes (what
-pandas and ``datasets`` show).
+editor shows, blank lines counted); Parquet and Arrow rows and JSON array elements are
+0-based indexes (what pandas, ``datasets`` and ``json.load(f)[i]`` show).
+Files are named by their resolved path (``source.file``), so the same file submitted
+from another folder, or through a symlink, is the same source.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import io
 import json
+import zlib
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +35,17 @@ import zstandard
 
 from ledger.errors import ConfigError, InputRowError
 
-from . import jsontext, reasons
+from . import arrow_files, json_array, jsontext, reasons
 from .normalize import INPUT_FIELDS
 
-#: File name endings regen reads. ``.json`` files must be JSON lines, as the
-#: Hugging Face hub serves them; a .json file holding one array is refused.
-SUPPORTED_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".parquet")
+#: File name endings regen reads. A ``.json`` file is JSON lines (as the Hugging Face hub
+#: serves them) or, when its first character is ``[``, one JSON array of rows (ShareGPT's form).
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".json.zst", ".jsonl.gz", ".json.gz", ".parquet",
+                      ".arrow")
+
+#: What a corrupt or truncated compressed stream raises: zstandard's error, gzip's
+#: BadGzipFile (an OSError), EOFError for a truncated gzip member, zlib's error.
+_STREAM_ERRORS = (zstandard.ZstdError, OSError, EOFError, zlib.error)
 
 #: Rows per Parquet batch. Conversations run from 1 KB to a few MB, so 1024 rows
 #: keeps a batch in the megabytes while still amortising pyarrow's per-batch cost
@@ -62,8 +76,8 @@ class RawRow:
     """One row as read: either ``obj`` (a JSON object) or ``error``, never both.
 
     Attributes:
-        file: the path as the user named it (joined with the folder walk), for ``source.file``.
-        row: 1-based line number (JSONL) or 0-based row index (Parquet). For an
+        file: the file's resolved path, for ``source.file``.
+        row: 1-based line number (JSONL) or 0-based index (Parquet, Arrow, JSON array). For an
             ``unreadable_file`` error, the first row that could not be read (0
             when the file could not be opened at all).
     """
@@ -82,9 +96,10 @@ def iter_input_paths(paths: Sequence[str | Path]) -> list[Path]:
     """Expand files and folders into the sorted list of input files.
 
     Folders are walked recursively for supported files; hidden files and folders
-    (``.cache/``, macOS ``._x.parquet``) are skipped. The result is sorted and
-    de-duplicated, so the order of the arguments never changes which duplicate
-    row wins.
+    (``.cache/``, macOS ``._x.parquet``) and ``save_to_disk``'s metadata files are
+    skipped. The result is the files' resolved paths, sorted and de-duplicated, so
+    neither the order of the arguments nor the folder they are named from changes
+    which duplicate row wins or how a row is keyed.
 
     Raises:
         ConfigError: no paths, a path that does not exist, a named file of an
@@ -92,7 +107,7 @@ def iter_input_paths(paths: Sequence[str | Path]) -> list[Path]:
     """
     if not paths:
         raise ConfigError("no input paths given")
-    found: dict[Path, Path] = {}
+    found: dict[Path, None] = {}  # an ordered set
     for given in paths:
         path = Path(given)
         if path.is_dir():
@@ -100,21 +115,21 @@ def iter_input_paths(paths: Sequence[str | Path]) -> list[Path]:
                 f for f in path.rglob("*")
                 if f.is_file() and _is_supported(f)
                 and not any(part.startswith(".") for part in f.relative_to(path).parts)
+                and not arrow_files.is_datasets_metadata(f)
             ]
             if not files:
                 raise ConfigError(f"{given}: folder holds no {', '.join(SUPPORTED_SUFFIXES)} file")
         elif path.is_file():
             if not _is_supported(path):
                 raise ConfigError(f"{given}: unsupported file type; regen reads "
-                                  f"{', '.join(SUPPORTED_SUFFIXES)} (.json as JSON lines)")
+                                  f"{', '.join(SUPPORTED_SUFFIXES)}, and folders of them")
             files = [path]
         elif path.exists():
             raise ConfigError(f"{given}: not a regular file or folder")
         else:
             raise ConfigError(f"{given}: no such file or folder")
-        for f in files:
-            found.setdefault(f.resolve(), f)
-    return sorted(found.values(), key=str)
+        found.update((f.resolve(), None) for f in files)
+    return sorted(found, key=str)
 
 
 def iter_rows(paths: Sequence[str | Path], *, columns: Collection[str] | None = INPUT_FIELDS,
@@ -142,6 +157,11 @@ def iter_file_rows(path: Path, *, columns: Collection[str] | None = INPUT_FIELDS
     name = path.name.lower()
     if name.endswith(".parquet"):
         return _iter_parquet(path, columns, batch_rows)
+    if name.endswith(".arrow"):
+        file = str(path)
+        return (RawRow(file, row, obj, error) for row, obj, error in arrow_files.iter_arrow(path, file, columns, _short))
+    if name.endswith((".json", ".json.gz", ".json.zst")) and _starts_with_array(path):
+        return _iter_json_array(path)
     return _iter_jsonl(path)
 
 
@@ -152,24 +172,66 @@ def _short(message: object) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
 
 
+@contextlib.contextmanager
+def _open_bytes(path: Path) -> Iterator[io.BufferedIOBase]:
+    """The file's bytes, decompressed as its name says (``.gz``, ``.zst``), read ahead 1 MiB at a time."""
+    with open(path, "rb", buffering=_READ_BUFFER_BYTES) as raw:
+        name = path.name.lower()
+        if name.endswith(".zst"):
+            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw),  # type: ignore[arg-type]
+                                    buffer_size=_READ_BUFFER_BYTES)
+        elif name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield io.BufferedReader(unzipped, buffer_size=_READ_BUFFER_BYTES)  # type: ignore[arg-type]
+        else:
+            yield raw
+
+
+def _stream_error(path: Path, e: BaseException) -> str:
+    kind = "zstd" if path.name.lower().endswith(".zst") else "gzip" if path.name.lower().endswith(".gz") else "file"
+    return f"{kind} stream is corrupt or truncated: {_short(e)}"
+
+
+def _starts_with_array(path: Path) -> bool:
+    """Whether the file's first character (after a BOM and whitespace) is ``[``."""
+    try:
+        with _open_bytes(path) as stream:
+            chunk = stream.read(4096)
+            head = chunk.removeprefix(_BOM).lstrip(b" \t\r\n")
+            while chunk and not head:  # only whitespace so far
+                chunk = stream.read(4096)
+                head = chunk.lstrip(b" \t\r\n")
+    except _STREAM_ERRORS:
+        return False  # the JSONL reader reports the corrupt stream
+    return head.startswith(b"[")
+
+
+def _iter_json_array(path: Path) -> Iterator[RawRow]:
+    file = str(path)
+    index = 0
+    try:
+        with _open_bytes(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig") as text:
+            for index, obj, error in json_array.iter_array(text, max_chars=MAX_LINE_BYTES):
+                yield RawRow(file, index, obj, error)
+    except UnicodeDecodeError as e:
+        yield RawRow(file, index, None, InputRowError(
+            reasons.INVALID_UTF8, f"the file is not valid UTF-8 (byte 0x{e.object[e.start]:02x}) at or after "
+                                  f"element {index}; the rest of the file is not read"))
+    except _STREAM_ERRORS as e:
+        yield RawRow(file, index, None, InputRowError(reasons.UNREADABLE_FILE, _stream_error(path, e)))
+
+
 def _iter_jsonl(path: Path) -> Iterator[RawRow]:
     file = str(path)
-    with open(path, "rb", buffering=_READ_BUFFER_BYTES) as raw:
-        zst = path.name.lower().endswith(".zst")
-        stream: io.BufferedIOBase = raw
-        if zst:
-            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw),  # type: ignore[arg-type]
-                                       buffer_size=_READ_BUFFER_BYTES)
-        check_array = path.name.lower().endswith(".json")
+    with _open_bytes(path) as stream:
         readline = stream.readline
         lineno = 0
         loads = jsontext.loads
         while True:
             try:
                 line = readline(MAX_LINE_BYTES + 1)
-            except zstandard.ZstdError as e:
-                yield RawRow(file, lineno + 1, None,
-                             InputRowError(reasons.UNREADABLE_FILE, f"zstd stream is corrupt: {_short(e)}"))
+            except _STREAM_ERRORS as e:
+                yield RawRow(file, lineno + 1, None, InputRowError(reasons.UNREADABLE_FILE, _stream_error(path, e)))
                 return
             if not line:
                 return
@@ -188,13 +250,6 @@ def _iter_jsonl(path: Path) -> Iterator[RawRow]:
             line = line.strip()
             if not line:
                 continue
-            if check_array:
-                check_array = False
-                if line.startswith(b"["):
-                    yield RawRow(file, lineno, None, InputRowError(
-                        reasons.UNREADABLE_FILE,
-                        "file is one JSON array, not JSON lines (convert it: jq -c '.[]' in.json > out.jsonl)"))
-                    return
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as e:

@@ -32,7 +32,7 @@ DUPLICATE_ID = "duplicate_id"
 #: Every reason code, with the one line the docs and ``regen status`` show for it.
 REASONS: dict[str, str] = {
     UNREADABLE_FILE: "the file (or the rest of it, from this row on) cannot be read: corrupt or truncated "
-                     "Parquet, a corrupt .zst stream, or a .json file that is one JSON array",
+                     "Parquet or Arrow, a corrupt .gz/.zst stream, or a JSON array broken at this element",
     INVALID_UTF8: "the line is not valid UTF-8, or its JSON holds a lone surrogate escape (\\ud800)",
     MALFORMED_JSON: "the line is not valid JSON (the parser's message is in the detail)",
     NOT_AN_OBJECT: "the line is valid JSON but not an object (an array, a string, a number)",
