@@ -175,6 +175,11 @@ def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitRe
         yield sample
 
 
+def _legacy_source(source: tuple[str, int]) -> tuple[str, int] | None:
+    """A source recorded as typed (before files were keyed by resolved path), resolved from here."""
+    return None if os.path.isabs(source[0]) else (str(Path(source[0]).resolve()), source[1])
+
+
 class _Submitter:
     """Plans groups on the calling (reader) thread and writes them in order: an uploader thread
     writes each group's input object, then the writer thread commits and publishes it."""
@@ -192,11 +197,6 @@ class _Submitter:
         # committed ids: an id is then always in `unwritten` or visible to the query, never neither.
         self._ids_lock = threading.Lock()
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="submit-upload")
-def _legacy_source(source: tuple[str, int]) -> tuple[str, int] | None:
-    """A source recorded as typed (before files were keyed by resolved path), resolved from here."""
-    return None if os.path.isabs(source[0]) else (str(Path(source[0]).resolve()), source[1])
-
-
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="submit-writer")
         self._in_writer: deque[Future] = deque()
         self._failed = threading.Event()
