@@ -35,7 +35,7 @@ than ``RECORD_TTL_S``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -61,10 +61,12 @@ def record_hand_back(client: Any, batch_id: int, attempt: int, *, worker: str, t
     record_hand_backs(client, {batch_id: attempt}, worker=worker, ttl_s=ttl_s)
 
 
-def record_hand_backs(client: Any, attempts: dict[int, int], *, worker: str, ttl_s: float = RECORD_TTL_S) -> None:
-    """``record_hand_back`` for each ``{batch id: attempt}``, in one round trip (a closing worker's leftovers)."""
+def record_hand_backs(client: Any, attempts: dict[int, int] | Iterable[tuple[int, int]], *, worker: str,
+                      ttl_s: float = RECORD_TTL_S) -> None:
+    """``record_hand_back`` for each ``{batch id: attempt}`` or (batch id, attempt), in one round trip (a closing
+    worker's leftovers; pairs, where one process holds two attempts of a batch)."""
     pipe = client.pipeline(transaction=False)
-    for batch_id, attempt in attempts.items():
+    for batch_id, attempt in (attempts.items() if isinstance(attempts, dict) else attempts):
         pipe.set(_key(batch_id, attempt), worker, ex=max(1, int(ttl_s)))
     pipe.execute()
 

@@ -13,6 +13,7 @@ import redis as redis_lib
 from sqlalchemy import text
 
 from ledger.dispatch import make_celery
+from ledger.handbacks import expire_leases
 from ledger.objects import ObjectStore
 from ledger.reconcile import reconcile_once, requeue
 from ledger.shards import encode_shard, output_shard_url
@@ -26,6 +27,8 @@ from worker.batches.ledger_calls import (
     heartbeat,
     release_batch,
 )
+from worker.process.options import WorkerOptions
+from worker.process.runtime import WorkerRuntime
 
 
 def _postmaster_up_s(sessions) -> float:
@@ -36,6 +39,11 @@ def _postmaster_up_s(sessions) -> float:
 def _first_batch(sessions):
     with sessions() as s:
         return s.execute(text("SELECT id, seq FROM batches ORDER BY seq LIMIT 1")).one()
+
+
+def _row(sessions, batch_id):
+    with sessions() as s:
+        return s.execute(text("SELECT status, attempts, failures FROM batches WHERE id = :b"), {"b": batch_id}).one()
 
 
 def _rows_for(sessions, batch_id):
@@ -70,6 +78,37 @@ def test_a_stale_attempt_cannot_commit_over_a_newer_one(settings, sessions, tmp_
     assert done == len(rows)
     # A late delivery of a done batch is acknowledged without generating.
     assert claim_batch(sessions, batch.id, worker="c", lease_s=0.0).outcome is ClaimOutcome.ALREADY_DONE
+
+
+def test_a_fenced_attempt_does_not_stop_the_heartbeat_of_a_newer_attempt_of_its_batch_in_the_same_process(
+        settings, sessions, tmp_path, s3_bucket):
+    """Issue 58, item 5: attempt 1's lease expired (a partition), the republished message came back to
+    the same process, which claimed attempt 2. Attempt 1's fenced finish must leave attempt 2's lease kept."""
+    lease_s = 2.0
+    submit(settings, sessions, tmp_path, s3_bucket)
+    batch = _first_batch(sessions)
+    rt = WorkerRuntime(settings, WorkerOptions(name="w@twice", lease_s=lease_s, heartbeat_s=0.25, reconcile_s=0))
+    try:
+        first = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=0.0)
+        assert rt.held.hold(batch.id, first.attempt)
+        time.sleep(0.05)
+        second = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=0.0)  # the lease taken over
+        assert (first.attempt, second.attempt) == (1, 2)
+        assert rt.held.hold(batch.id, second.attempt)
+        rt.start_heartbeats()
+        wait_for(lambda: rt.held.is_lost(batch.id, 1), timeout_s=10, interval_s=0.1,
+                 what="the heartbeat telling attempt 1's thread that attempt 2 owns the batch")
+        assert not rt.held.is_lost(batch.id, 2)
+        rt.held.drop(batch.id, 1)  # attempt 1's fenced finish: run_batch's finally
+        time.sleep(2 * lease_s)
+        with sessions.begin() as s:
+            expired = expire_leases(s, redis_lib.Redis.from_url(settings.redis_url), lease_s=lease_s, max_attempts=3)
+        row = _row(sessions, batch.id)
+    finally:
+        rt.begin_shutdown()
+        rt.close()
+    assert expired == [], "attempt 2's lease expired under the live process that holds it"
+    assert (row.status, row.attempts, row.failures) == ("running", 2, 0)
 
 
 def test_a_live_attempt_makes_a_duplicate_delivery_a_no_op(settings, sessions, tmp_path, s3_bucket):

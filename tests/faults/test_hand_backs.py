@@ -131,20 +131,20 @@ def test_a_hand_back_whose_release_gives_up_is_retried_by_the_heartbeat_and_cost
     rt = _runtime(settings, proxy, release_s=1.5)
     try:
         claim = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S)
-        assert rt.hold(batch.id, claim.attempt)
+        assert rt.held.hold(batch.id, claim.attempt)
         rt.start_heartbeats()
         proxy.down()  # the ledger is unreachable from this worker
         _hand_back(rt, batch.id, claim.attempt, "handed back before it started: test")
-        rt.drop(batch.id)  # what run_batch's finally does; its Requeue sends the message back, never an ack
+        rt.held.drop(batch.id, claim.attempt)  # what run_batch's finally does; its Requeue sends the message back, never an ack
         # The premise: the release gave up (the batch is still ours, running), and is remembered.
-        assert rt.unreleased() == {batch.id: claim.attempt}
+        assert rt.hand_backs.unreleased() == {(batch.id, claim.attempt)}
         assert _row(sessions, batch.id).status == "running"
         proxy.up()
         wait_for(lambda: _row(sessions, batch.id).status == "queued", timeout_s=30, interval_s=0.2,
                  what="the heartbeat releasing the batch once the ledger is back")
         row = _row(sessions, batch.id)
         assert (row.failures, row.worker, row.error) == (0, None, "handed back before it started: test")
-        assert rt.unreleased() == {}
+        assert rt.hand_backs.unreleased() == set()
     finally:
         rt.begin_shutdown()
         rt.close()
@@ -158,13 +158,13 @@ def test_a_worker_does_not_take_back_its_own_hand_back_within_a_probe_period(set
     msg = BatchMessage(run=batch.name, run_id=batch.run_id, batch_id=batch.id, seq=batch.seq,
                        input_key=batch.input_key)
     try:
-        rt.handed_back(batch.id)
-        assert 0 < rt.handed_back_recently(batch.id) <= rt.options.heartbeat_s
+        rt.hand_backs.handed_back(batch.id)
+        assert 0 < rt.hand_backs.handed_back_recently(batch.id) <= rt.options.heartbeat_s
         with pytest.raises(Requeue, match="handed back by this worker"):
             run_batch(rt, msg)
         row = _row(sessions, batch.id)
         assert (row.status, row.attempts, row.stale_deliveries) == ("queued", 0, 0)  # not claimed, not counted
-        wait_for(lambda: rt.handed_back_recently(batch.id) == 0, timeout_s=10, interval_s=0.1,
+        wait_for(lambda: rt.hand_backs.handed_back_recently(batch.id) == 0, timeout_s=10, interval_s=0.1,
                  what="the probe period passing")
         # After it, the worker may take it like any other batch.
         assert claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S).outcome \
@@ -184,7 +184,7 @@ def test_a_shutdowns_hand_back_ends_before_the_reapers_kill_even_with_the_ledger
     rt = _runtime(settings, proxy)  # the production hand-back time
     try:
         claim = claim_batch(rt.sessions, batch.id, worker=rt.options.name, lease_s=LEASE_S)
-        assert rt.hold(batch.id, claim.attempt)
+        assert rt.held.hold(batch.id, claim.attempt)
         proxy.down()
         rt.begin_shutdown()  # the SIGTERM: the reaper's grace starts now
         started = time.monotonic()
@@ -194,7 +194,7 @@ def test_a_shutdowns_hand_back_ends_before_the_reapers_kill_even_with_the_ledger
         done.join(timeout=REAP_GRACE_S)
         assert not done.is_alive(), "the hand-back was still running when the reaper's SIGKILL would come"
         took_s = time.monotonic() - started
-        assert rt.unreleased() == {batch.id: claim.attempt}  # the premise: it could not land, it gave up
+        assert rt.hand_backs.unreleased() == {(batch.id, claim.attempt)}  # the premise: it could not land, it gave up
         print(f"hand-back gave up after {took_s:.1f} s (HAND_BACK_S {HAND_BACK_S:.0f}, reaper {REAP_GRACE_S:.0f})")
     finally:
         proxy.up()

@@ -67,7 +67,7 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
         claim = claim_batch(rt.sessions, batch_id, worker=rt.options.name, lease_s=LEASE_S)
         assert claim.outcome is ClaimOutcome.CLAIMED
         attempts[batch_id] = claim.attempt
-        rt.hold(batch_id, claim.attempt)
+        rt.held.hold(batch_id, claim.attempt)
     rows = {b: _rows(sessions, b) for b in ids[:COMMITTING]}
 
     # The stall: the run's pending-samples counter row locked, as a long transaction would hold it. Every
@@ -80,7 +80,7 @@ def test_heartbeats_keep_every_lease_while_commits_wait_on_a_stalled_ledger(sett
         committed[batch_id] = commit_batch(rt.sessions, run_id=run_id, batch_id=batch_id,
                                            attempt=attempts[batch_id], output_key=f"s3://x/{batch_id}",
                                            output_sha256="0" * 64, rows=rows[batch_id])
-        rt.drop(batch_id)
+        rt.held.drop(batch_id, attempts[batch_id])
 
     threads = [threading.Thread(target=commit, args=(b,), daemon=True) for b in ids[:COMMITTING]]
     for t in threads:

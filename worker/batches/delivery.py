@@ -63,7 +63,7 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         # Delivered as its consumer was being cancelled (worker/process/deadline.py): not claimed,
         # so another worker takes it with no attempt counted.
         raise Requeue("this worker's job ends soon: taking no new batch")
-    if (wait_s := rt.handed_back_recently(msg.batch_id)) > 0:
+    if (wait_s := rt.hand_backs.handed_back_recently(msg.batch_id)) > 0:
         # This worker handed it back less than a probe period ago, for workers below their share:
         # back to the broker unclaimed (no attempt, no release), for one of them. The short wait
         # keeps a worker that is alone on the queue from spinning on it.
@@ -80,7 +80,7 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
                   "benchmark run", msg.batch_id, claim.run["name"] if claim.run else "?", msg.seq, refused)
         time.sleep(REFUSED_PAUSE_S)
         raise Requeue("a fake engine serves benchmark runs only")
-    if claim.outcome is ClaimOutcome.CLAIMED and not rt.hold(msg.batch_id, claim.attempt):
+    if claim.outcome is ClaimOutcome.CLAIMED and not rt.held.hold(msg.batch_id, claim.attempt):
         # Another thread of this process runs this very attempt (a duplicate delivery whose claim
         # was resolved as ours after an unanswered COMMIT): that thread owns it.
         log.info("batch %s (seq %s): attempt %s already runs in this process, acknowledging the duplicate",
@@ -111,7 +111,7 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         # this worker, its prefetch already lowered, does not take it (nor, for a probe period,
         # claims it should it come back: ``handed_back_recently``).
         _hand_back(rt, msg.batch_id, attempt, f"handed back before it started: {e}")
-        rt.handed_back(msg.batch_id)
+        rt.hand_backs.handed_back(msg.batch_id)
         log.info("batch %s attempt %s handed back before it started (held beyond this worker's share)",
                  msg.batch_id, attempt)
         raise Requeue("handed back before it started") from e
@@ -161,7 +161,7 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
             return Outcome("dead", msg.batch_id, attempt, str(e))
         raise Requeue(str(e)) from e
     finally:
-        rt.drop(msg.batch_id)
+        rt.held.drop(msg.batch_id, attempt)
 
 
 def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, at_shutdown: bool = False) -> None:
@@ -176,7 +176,7 @@ def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, a
     ledger, and the attempt has stopped already, whatever the release's outcome.
     """
     if at_shutdown:
-        recorded = rt.record_hand_back(batch_id, attempt)
+        recorded = rt.hand_backs.record(batch_id, attempt)
         sessions, within_s = rt.liveness_sessions, rt.hand_back_left_s()  # what the record's call left
     else:
         sessions, within_s = rt.sessions, rt.options.release_s
@@ -187,11 +187,11 @@ def _hand_back(rt: WorkerRuntime, batch_id: int, attempt: int, reason: str, *, a
         log.exception("releasing batch %s attempt %s failed", batch_id, attempt)
         released = False
     if released and recorded:
-        rt.forget_hand_back(batch_id, attempt)
+        rt.hand_backs.forget(batch_id, attempt)
     if not released:
         log.warning("batch %s attempt %s: its release did not land; the heartbeat keeps its lease and retries it%s",
                     batch_id, attempt, ", then it is left to its lease" if at_shutdown else "")
-        rt.release_later(batch_id, attempt, reason, record=not recorded)
+        rt.hand_backs.release_later(batch_id, attempt, reason, record=not recorded)
 
 
 def _record_failure(rt: WorkerRuntime, msg: BatchMessage, attempt: int, error: str) -> str:
@@ -213,7 +213,7 @@ def _classify(rows: list[dict], run: dict, *, annotate: bool) -> None:
                 event["quality"] = detail
 
 
-def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
+def _wait(rt: WorkerRuntime, batch_id: int, attempt: int, future: concurrent.futures.Future):
     engine = rt.engine
     while True:
         try:
@@ -223,7 +223,7 @@ def _wait(rt: WorkerRuntime, batch_id: int, future: concurrent.futures.Future):
         if rt.shutting_down.is_set():
             future.cancel()
             raise _Preempted()
-        if rt.is_lost(batch_id):
+        if rt.held.is_lost(batch_id, attempt):
             future.cancel()
             raise _Fenced()
         if engine is not None and not engine.alive:
@@ -256,8 +256,8 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # regen's choices (the admission watermark) and the user's --engine-args, beside the release.
         provenance["engine_settings"] = engine.settings()
         future = engine.submit(generate_batch(engine, renderer, samples, run_ctx))
-        rows = _wait(rt, msg.batch_id, future)
-        if rt.is_lost(msg.batch_id):
+        rows = _wait(rt, msg.batch_id, attempt, future)
+        if rt.held.is_lost(msg.batch_id, attempt):
             raise _Fenced()
         _classify(rows, run, annotate=True)
         data = encode_shard(rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
@@ -123,17 +124,26 @@ WITH held AS (SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int
 free AS (SELECT b.id FROM batches b JOIN held h ON h.id = b.id AND h.attempt = b.attempts
          WHERE b.status = 'running' ORDER BY b.id FOR UPDATE OF b SKIP LOCKED),
 renewed AS (UPDATE batches b SET heartbeat_at = now() FROM free f WHERE b.id = f.id RETURNING b.id)
-SELECT h.id FROM held h JOIN batches b ON b.id = h.id AND b.attempts = h.attempt AND b.status = 'running'""")
+SELECT h.id, h.attempt FROM held h JOIN batches b ON b.id = h.id AND b.attempts = h.attempt AND b.status = 'running'""")
 
 
 @timed("heartbeat")
-def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
-    """Refresh the lease of every (batch, attempt) held that no one has locked; return the batches no longer ours."""
+def renew_leases(sessions: sessionmaker[Session], held: Collection[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Refresh the lease of every (batch, attempt) held that no one has locked; return the attempts no longer ours.
+
+    Pairs, not a batch's one attempt: a process may hold two attempts of one batch (worker/batches/held.py).
+    """
     if not held:
         return set()
+    pairs = sorted(held)
     with sessions.begin() as s:
-        ours = s.execute(_HEARTBEAT, {"ids": list(held), "attempts": list(held.values())}).scalars().all()
-    return set(held) - set(ours)
+        ours = s.execute(_HEARTBEAT, {"ids": [b for b, _ in pairs], "attempts": [a for _, a in pairs]}).all()
+    return set(pairs) - {(b, a) for b, a in ours}
+
+
+def heartbeat(sessions: sessionmaker[Session], held: dict[int, int]) -> set[int]:
+    """``renew_leases`` for ``{batch id: attempt}``; return the batches no longer ours."""
+    return {b for b, _ in renew_leases(sessions, held.items())}
 
 
 @timed("release")
@@ -207,34 +217,48 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
     def tx() -> bool:
         try:
             with sessions.begin() as s:
-                # Samples first, in one statement: the batch's own row last, because marking it
-                # done takes the run's row lock (the decrement of runs.open_batches, migration
-                # 0008) that serialises the run's commits, from there to the COMMIT. Taken at the
-                # start, as it was, it serialised whole commits: 50-78 per second per run (issue 22).
-                transitions.record_samples(s, sample_params)
+                # The batch first, then its samples, then (once) the run's row: every writer takes
+                # the batch counters, the sample counters and the run's row in that order (migration
+                # 0011; a submit group took them in the other order and deadlocked, issue 58). The
+                # counters are the batch's shard of the run's: no other commit waits on them.
                 if not transitions.mark_done(s, batch_id, attempt, output_key=output_key,
                                              output_sha256=output_sha256, prompt_tokens=prompt_tokens,
                                              completion_tokens=completion_tokens, fake=fake):
-                    raise _FencedOff  # a newer attempt holds the batch: roll the samples back
+                    raise _FencedOff  # a newer attempt holds the batch: nothing written
+                transitions.record_samples(s, sample_params)
                 if provenance:
                     # The run record names the engine and chat template its first batch used.
                     s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
                                    "CAST(:prov AS jsonb) WHERE id = :run AND NOT coalesce(provenance, "
                                    "'{}'::jsonb) ? 'chat_template_sha256'"),
                               {"run": run_id, "prov": json.dumps(provenance)})
-                # Under the run's row lock: the last commit of the run sees open_batches = 0.
-                transitions.finish_run_if_drained(s, run_id)
                 return True
         except _FencedOff:
             return False
-    return retry_db(tx, what=f"commit batch {batch_id}")
+
+    def finish() -> None:
+        # After the COMMIT, in a transaction of its own: of two commits that close a run's last two
+        # batches, the check that runs last sees both (ledger/transitions.py). A worker that dies
+        # before it leaves the run to the reconciler's next pass, which checks every active run.
+        with sessions.begin() as s:
+            transitions.finish_run_if_drained(s, run_id)
+
+    if not retry_db(tx, what=f"commit batch {batch_id}"):
+        return False
+    try:
+        retry_db(finish, what=f"finish check of run {run_id}", max_wait_s=30.0)
+    except Exception as e:  # noqa: BLE001 - the batch is committed; the run's finish waits for a pass
+        log.warning("batch %s committed; the finish check of run %s failed (%s: %s): the reconciler's next "
+                    "pass checks it", batch_id, run_id, type(e).__name__, e)
+    return True
 
 
-# What is left of the active runs on some queues: runs.open_batches is a counter kept by
-# triggers (migration 0008), and "any planned batch" stops at the first row of the partial
-# index batches_planned_idx (migration 0007). One row per run, whatever the ledger's size.
+# What is left of the active runs on some queues: open_batches is a counter kept by triggers,
+# sharded by batch (run_batch_counts, migration 0011: 64 rows per run), and "any planned batch"
+# stops at the first row of the partial index batches_planned_idx (migration 0007).
 _BACKLOG = text("""
-SELECT coalesce(sum(r.open_batches), 0) AS open_batches,
+SELECT coalesce((SELECT sum(c.open_batches) FROM run_batch_counts c JOIN runs r ON r.id = c.run_id
+                 WHERE r.status = 'active' AND r.queue = ANY(:queues)), 0) AS open_batches,
        coalesce(bool_or(EXISTS (SELECT 1 FROM batches b WHERE b.run_id = r.id AND b.status = 'planned')), false)
            AS planned
 FROM runs r WHERE r.status = 'active' AND r.queue = ANY(:queues)""")

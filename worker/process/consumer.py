@@ -107,7 +107,7 @@ def _hold_adaptively(app, runtime: WorkerRuntime, start: int) -> int:
 
     policy = HoldingPolicy.derived(start)
     # Bounded by the backlog too: near a run's end no worker holds much more than its share.
-    controller = HoldingController(policy, window=window, held_peak=runtime.take_held_peak,
+    controller = HoldingController(policy, window=window, held_peak=runtime.held.take_peak,
                                    stop=runtime.shutting_down, sharing=runtime.sharing(floor_fallback=start))
     app.steps["consumer"].add(consumer_step(controller))
     controller.start()
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         from prometheus_client import Gauge, start_http_server
 
         Gauge("regen_worker_batches_in_flight", "Batches this worker process holds", ["worker"]).labels(
-            args.name).set_function(runtime.held_count)
+            args.name).set_function(runtime.held.count)
         Gauge("regen_worker_fake_refusals", "Deliveries this fake-engine process refused: their runs were not "
               "submitted with --benchmark", ["worker"]).labels(args.name).set_function(lambda: runtime.fake_refusals)
         _occupancy_gauges(runtime, args.name)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     def _on_shutting_down(**_):
         # Warm shutdown waits for running tasks: make them hand their batches back now.
         log.info("%s: shutting down, handing back its %d held batches within %.0f s", options.name,
-                 runtime.held_count(), options.hand_back_s)
+                 runtime.held.count(), options.hand_back_s)
         runtime.begin_shutdown()
 
     @signals.worker_shutdown.connect(weak=False)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         from worker.process.deadline import celery_cancel, watch_deadline
 
         watch_deadline(options.stop_taking_at, stop_taking=runtime.stop_taking, stopping=runtime.shutting_down,
-                       cancel=celery_cancel(app, options.name, options.queues), held=runtime.held_count,
+                       cancel=celery_cancel(app, options.name, options.queues), held=runtime.held.count,
                        name=options.name)
     if options.fake_engine:
         from worker.engine.fake import FakeEngineSpec

@@ -1,8 +1,10 @@
 """Process-wide state of one worker process (one per GPU group).
 
 Holds what every task thread shares: the ledger sessions, the object store, the
-engine (loaded once, reused), the batches in flight with their fencing tokens,
-the heartbeat thread that keeps their leases, and the shutdown flag.
+engine (loaded once, reused) and the shutdown flag; and composes the batch path's
+bookkeeping, each in a class of its own: the attempts in flight (``held``,
+worker/batches/held.py), the hand-backs (``hand_backs``, worker/batches/hand_backs.py)
+and the heartbeat that keeps both's leases (worker/process/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -16,19 +18,19 @@ import threading
 import time
 
 import redis as redis_lib
-from redis.exceptions import RedisError
 
-from ledger import handbacks
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import RegenError
 from ledger.model_path import resolve_model
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
-from worker.batches.ledger_calls import heartbeat, release_batch
+from worker.batches.hand_backs import HandBacks
+from worker.batches.held import HeldBatches
 from worker.conversation.rendering import Renderer
 from worker.engine.admission import ASSUMED_BATCH_SIZE
 from worker.engine.host import EngineHost
 from worker.measure import ledger_timing
+from worker.process.heartbeat import Heartbeat
 from worker.process.options import WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -42,9 +44,6 @@ LIVENESS_POOL_SIZE = 1
 #: What a worker process holds at most, the figure nodes and the farm's pooler are sized by
 #: (docs/deploy.md, "Connections").
 DB_CONNECTIONS_PER_PROCESS = DB_POOL_SIZE + DB_MAX_OVERFLOW + LIVENESS_POOL_SIZE
-#: Connect and reply timeout of a hand-back record's Redis call (ledger/handbacks.py): a shutdown's
-#: hand-back records before it releases, all within ``HAND_BACK_S``.
-RECORD_TIMEOUT_S = 1.0
 
 
 class WrongModel(RegenError):
@@ -90,18 +89,15 @@ class WorkerRuntime:
         #: Why the engine could not be built, once it could not: later batches are refused at once, not after
         #: another load (minutes for a large model) that fails the same way.
         self._build_error: str | None = None
-        self._held: dict[int, int] = {}
-        self._held_peak = 0
-        self._lost: set[int] = set()
-        self._held_lock = threading.Lock()
-        #: Hand-backs whose release gave up: (attempt, reason) by batch. The heartbeat keeps their
-        #: leases and retries the release every beat, so a slow ledger costs them no failure.
-        self._unreleased: dict[int, tuple[int, str]] = {}
-        #: Batches this process handed back, and when (monotonic): not taken again within a probe period.
-        self._handed_back: dict[int, float] = {}
+        #: The (batch, attempt)s in flight: what the heartbeat keeps, and which a newer attempt took over.
+        self.held = HeldBatches()
+        #: What this process handed back: not taken again at once, released however slow the ledger.
+        self.hand_backs = HandBacks(settings.redis_url, worker=options.name, probe_period_s=options.heartbeat_s)
+        self.heartbeat = Heartbeat(self.liveness_sessions, self.held, self.hand_backs, period_s=options.heartbeat_s,
+                                   stop=self.shutting_down)
+        #: Guards the process-wide flags and counters below, set by many task threads.
+        self._flags_lock = threading.Lock()
         self._shutdown_at: float | None = None
-        self._records_client: redis_lib.Redis | None = None
-        self._hb_thread: threading.Thread | None = None
         self._engine_death_seen = False
         self._exit_requested = False
         #: Samples in the last batch read: how many batches fill the admission gate (``held_floor``).
@@ -155,7 +151,7 @@ class WorkerRuntime:
 
     def count_fake_refusal(self) -> int:
         """One more real run's delivery refused by this fake-engine process; the total so far."""
-        with self._held_lock:
+        with self._flags_lock:
             self.fake_refusals += 1
             return self.fake_refusals
 
@@ -163,109 +159,7 @@ class WorkerRuntime:
     def engine(self) -> EngineHost | None:
         return self._engine
 
-    # -- in-flight batches and their leases ---------------------------------------------------
-    def hold(self, batch_id: int, attempt: int) -> bool:
-        """Hold the batch's attempt; False if this process holds that attempt already (a duplicate delivery)."""
-        with self._held_lock:
-            if self._held.get(batch_id) == attempt:
-                return False
-            self._held[batch_id] = attempt
-            self._lost.discard(batch_id)
-            self._held_peak = max(self._held_peak, len(self._held))
-            return True
-
-    def drop(self, batch_id: int) -> None:
-        with self._held_lock:
-            self._held.pop(batch_id, None)
-            self._lost.discard(batch_id)
-
-    # -- hand-backs -----------------------------------------------------------------------------
-    def handed_back(self, batch_id: int) -> None:
-        """Remember a batch this process gave back, so that it does not take it again at once."""
-        now = time.monotonic()
-        with self._held_lock:
-            self._handed_back = {b: t for b, t in self._handed_back.items() if now - t < self.options.heartbeat_s}
-            self._handed_back[batch_id] = now
-
-    def handed_back_recently(self, batch_id: int) -> float:
-        """Seconds until this process may take ``batch_id`` again (0: now): one probe period after it handed it back.
-
-        The probe (worker/batches/holding.py) runs once per heartbeat period: within one, the
-        worker's share has not been read again, and a hand-back taken straight back is only churn
-        (a claim, an attempt, a release) while the workers it was handed back for wait for it.
-        """
-        with self._held_lock:
-            at = self._handed_back.get(batch_id)
-        return 0.0 if at is None else max(0.0, at + self.options.heartbeat_s - time.monotonic())
-
-    def release_later(self, batch_id: int, attempt: int, reason: str, *, record: bool = True) -> None:
-        """A hand-back whose release gave up: the heartbeat keeps its lease and retries the release each beat.
-
-        Recorded in Redis as well (ledger/handbacks.py; ``record`` False: the caller has), so that
-        should the process stop before a retry lands, the lease's expiry counts no failure.
-        """
-        with self._held_lock:
-            self._unreleased[batch_id] = (attempt, reason)
-        if record:
-            self.record_hand_back(batch_id, attempt)
-
-    def record_hand_back(self, batch_id: int, attempt: int) -> bool:
-        """Tell the reconciler, through Redis, that this attempt was handed back (ledger/handbacks.py). False: not told."""
-        return self._record_hand_backs({batch_id: attempt})
-
-    def _record_hand_backs(self, attempts: dict[int, int]) -> bool:
-        try:
-            handbacks.record_hand_backs(self._records(), attempts, worker=self.options.name)
-            return True
-        except (RedisError, OSError) as e:
-            log.warning("batches %s: their hand-back could not be recorded in Redis either (%s: %s); if a release "
-                        "does not land, its lease's expiry counts a failure", sorted(attempts), type(e).__name__, e)
-            return False
-
-    def forget_hand_back(self, batch_id: int, attempt: int) -> None:
-        """The release landed: its record is not needed (a record left behind matches nothing, and expires)."""
-        try:
-            handbacks.forget_hand_back(self._records(), batch_id, attempt)
-        except (RedisError, OSError) as e:
-            log.debug("forgetting the hand-back record of batch %s failed: %s", batch_id, e)
-
-    def _records(self):
-        """The Redis client of the hand-back records: short timeouts, as a shutdown's hand-back is timed."""
-        if self._records_client is None:
-            self._records_client = redis_lib.Redis.from_url(self.settings.redis_url, socket_timeout=RECORD_TIMEOUT_S,
-                                                            socket_connect_timeout=RECORD_TIMEOUT_S)
-        return self._records_client
-
-    def unreleased(self) -> dict[int, int]:
-        with self._held_lock:
-            return {b: a for b, (a, _) in self._unreleased.items()}
-
-    def hand_back_left_s(self) -> float:
-        """Time left for a shutdown's hand-backs (``options.hand_back_s`` from the shutdown's start)."""
-        start = self._shutdown_at if self._shutdown_at is not None else time.monotonic()
-        return max(0.0, start + self.options.hand_back_s - time.monotonic())
-
-    def _retry_releases(self, within_s: float) -> None:
-        with self._held_lock:
-            pending = dict(self._unreleased)
-        for batch_id, (attempt, reason) in pending.items():
-            if not release_batch(self.liveness_sessions, batch_id, attempt, reason=reason, within_s=within_s):
-                return  # the ledger is still out of reach: the rest wait for the next beat, not the heartbeat
-            log.info("batch %s attempt %s released at last (%s)", batch_id, attempt, reason)
-            with self._held_lock:
-                self._unreleased.pop(batch_id, None)
-            self.forget_hand_back(batch_id, attempt)
-
-    def held_count(self) -> int:
-        with self._held_lock:
-            return len(self._held)
-
-    def take_held_peak(self) -> int:
-        """The most batches held at once since the last call (worker/batches/holding.py)."""
-        with self._held_lock:
-            peak, self._held_peak = max(self._held_peak, len(self._held)), len(self._held)
-            return peak
-
+    # -- in-flight batches, for the holding controller ------------------------------------------
     def held_floor(self, fallback: int) -> int:
         """Batches that fill the admission gate (its level in batches), plus one committing and one being claimed."""
         engine = self._engine
@@ -301,38 +195,12 @@ class WorkerRuntime:
                                   queues=self.options.queues, gpus=gpus,
                                   stale_s=stale_after_s(self.options.heartbeat_s))
         return Sharing(probe=make_probe(registry, lambda: run_backlog(self.sessions, self.options.queues)),
-                       held=self.held_count, floor=lambda: self.held_floor(floor_fallback),
+                       held=self.held.count, floor=lambda: self.held_floor(floor_fallback),
                        hand_back=self.withdraw_unstarted, gpus=gpus, period_s=self.options.heartbeat_s,
                        leave=registry.leave)
 
-    def is_lost(self, batch_id: int) -> bool:
-        with self._held_lock:
-            return batch_id in self._lost
-
     def start_heartbeats(self) -> None:
-        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="ledger-heartbeat", daemon=True)
-        self._hb_thread.start()
-
-    def _heartbeat_loop(self) -> None:
-        # On the liveness engine: no task thread waits for its connection, so however many commits
-        # queue for the pool behind a slow ledger, every lease is renewed each beat (issue 36).
-        while not self.shutting_down.wait(self.options.heartbeat_s):
-            with self._held_lock:
-                held = dict(self._held)
-                held.update({b: a for b, (a, _) in self._unreleased.items()})
-            try:
-                lost = heartbeat(self.liveness_sessions, held)
-            except Exception as e:  # noqa: BLE001 - a ledger outage must not kill the heartbeat thread
-                log.warning("heartbeat failed (%s); retrying in %ss", type(e).__name__, self.options.heartbeat_s)
-                continue
-            if lost:
-                log.warning("batches %s were taken over by a newer attempt; abandoning them", sorted(lost))
-                with self._held_lock:
-                    self._lost |= lost & set(self._held)
-                    for batch_id in lost & set(self._unreleased):
-                        del self._unreleased[batch_id]  # another attempt has it: nothing left to give back
-            if self._unreleased:
-                self._retry_releases(within_s=max(0.5, self.options.heartbeat_s / 2))
+        self.heartbeat.start()
 
     # -- reconciler ---------------------------------------------------------------------------
     def start_reconciler(self, app) -> None:
@@ -359,27 +227,32 @@ class WorkerRuntime:
             self._shutdown_at = time.monotonic()
         self.shutting_down.set()
 
+    def hand_back_left_s(self) -> float:
+        """Time left for a shutdown's hand-backs (``options.hand_back_s`` from the shutdown's start)."""
+        start = self._shutdown_at if self._shutdown_at is not None else time.monotonic()
+        return max(0.0, start + self.options.hand_back_s - time.monotonic())
+
     def first_to_see_engine_death(self) -> bool:
-        with self._held_lock:
+        with self._flags_lock:
             first, self._engine_death_seen = not self._engine_death_seen, True
             return first
 
     def request_exit(self, why: str) -> None:
         """Ask Celery for a warm shutdown (in-flight batches are handed back); the launcher restarts us."""
         log.error("worker exiting: %s", why)
-        with self._held_lock:  # once: the batches in flight may all ask (an engine that could not be built)
+        with self._flags_lock:  # once: the batches in flight may all ask (an engine that could not be built)
             first, self._exit_requested = not self._exit_requested, True
         self.shutting_down.set()
         if first:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:
-        if self._unreleased:
+        if self.hand_backs.unreleased():
             # A last try for the hand-backs that gave up; what is still left goes to its lease.
-            self._retry_releases(within_s=max(0.5, self.hand_back_left_s()))
-            if left := self.unreleased():
+            self.hand_backs.retry_releases(self.liveness_sessions, within_s=max(0.5, self.hand_back_left_s()))
+            if left := self.hand_backs.unreleased():
                 # Recorded again (one round trip), the TTL from now: excused however long the outage has lasted.
-                recorded = self._record_hand_backs(left)
+                recorded = self.hand_backs.record_all(left)
                 log.warning("batches %s could not be handed back; their leases expire in %.0f s, %s", sorted(left),
                             self.options.lease_s, "with no failure counted (recorded in Redis)" if recorded
                             else "each a failure counted unless recorded earlier")
@@ -387,5 +260,4 @@ class WorkerRuntime:
             self._engine.shutdown()
         self.db.dispose()
         self.liveness_db.dispose()
-        if self._records_client is not None:
-            self._records_client.close()
+        self.hand_backs.close()
