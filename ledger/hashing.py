@@ -33,3 +33,11 @@ def thinking_enabled(mode: str, off_share: float, sample_id: str) -> bool:
     if mode == "off":
         return False
     return derived_int("thinking", sample_id, bits=32) / 2**32 >= off_share
+
+
+def history_kept(mode: str, share: float, sample_id: str) -> bool:
+    """Whether this conversation renders earlier turns' thoughts (``--preserve-thinking`` on | off | mix: ``share``
+    of the conversations, drawn apart from the thinking mode's draw)."""
+    if mode in ("on", "off"):
+        return mode == "on"
+    return derived_int("preserve_thinking", sample_id, bits=32) / 2**32 < share

@@ -49,9 +49,15 @@ _RUN_CONFIG_OPTIONS = (
     # Free text, checked by build_run_config: "none" gets Harmony's own reason, not click's list.
     click.option("--reasoning-effort", default=None, help="gpt-oss (Harmony) only: low, medium or high "
                  "(default medium); Harmony always reasons, so --thinking off is refused"),
+    click.option("--preserve-thinking", type=click.Choice(["on", "off", "mix"]), default=None,
+                 help="earlier assistant turns keep their (regenerated) thoughts, where the template has such a "
+                 "keyword (Qwen3.6's preserve_thinking); default: the template's own default"),
+    click.option("--preserve-thinking-share", type=float, default=None, help="with --preserve-thinking mix: share "
+                 "of conversations rendered with earlier thoughts kept (default 0.5)"),
 )
 RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
-                   "reasoning_parser", "tool_parser", "reasoning_effort")
+                   "reasoning_parser", "tool_parser", "reasoning_effort", "preserve_thinking",
+                   "preserve_thinking_share")
 
 
 def run_config_options(command: Callable) -> Callable:

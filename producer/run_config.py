@@ -73,6 +73,12 @@ class RunConfig:
     #: The date in a Harmony run's system message, fixed at submit (provenance; not hashed, so a run
     #: submitted again on another day resumes with the date it was created with).
     harmony_start_date: str | None = None
+    #: The template keyword that keeps earlier turns' thoughts (Qwen3.6: ``preserve_thinking``), found by rendering
+    #: (targets/template_probe.py), AUTO for the workers' template; None: the template has none, nothing recorded.
+    history_arg: str | None = None
+    #: ``--preserve-thinking``: on | off | mix (mix: ``preserve_thinking_share`` of the conversations, seeded).
+    preserve_thinking: str | None = None
+    preserve_thinking_share: float = 0.0
 
     def as_record(self) -> dict:
         """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash.
@@ -82,9 +88,13 @@ class RunConfig:
         """
         harmony_keys = ({"chat_format": self.chat_format, "reasoning_effort": self.reasoning_effort}
                         if self.chat_format == harmony.HARMONY else {})
+        # Only a template with a history keyword records it: every other run's record (and hash) is unchanged.
+        history_keys = ({"history_arg": self.history_arg, "preserve_thinking": self.preserve_thinking,
+                         "preserve_thinking_share": self.preserve_thinking_share}
+                        if self.history_arg is not None else {})
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
                 "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
-                **(self.parsers.as_record() if self.parsers else {}), **harmony_keys}
+                **(self.parsers.as_record() if self.parsers else {}), **harmony_keys, **history_keys}
 
     def provenance(self) -> dict:
         """What the run was made from, as ``runs.provenance`` records it and every worker reads it: the model's
@@ -96,20 +106,24 @@ class RunConfig:
             out["parsers"] = {**self.parsers.as_record(), "chosen_by": self.parsers.chosen_by}
         if self.harmony_start_date is not None:
             out["harmony_start_date"] = self.harmony_start_date
+        if self.history_arg is not None:
+            out["history_arg"] = self.history_arg
+            out["preserve_thinking"] = self.preserve_thinking
         return out
 
     @property
     def hash(self) -> str:
         # thinking_arg follows from the template, which model_files already hash: left out, so a run
         # recorded before it was found keeps its hash.
-        record = {k: v for k, v in self.as_record().items() if k != "thinking_arg"}
+        record = {k: v for k, v in self.as_record().items() if k not in ("thinking_arg", "history_arg")}
         return config_hash({"model": self.model, "sampling": record, "model_files": self.model_files})
 
 
 def build_run_config(model: str, *, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
                      top_k: int | None = None, seed: int | None = None, thinking: str | None = None,
                      thinking_off_share: float | None = None, reasoning_parser: str | None = None,
-                     tool_parser: str | None = None, reasoning_effort: str | None = None) -> RunConfig:
+                     tool_parser: str | None = None, reasoning_effort: str | None = None,
+                     preserve_thinking: str | None = None, preserve_thinking_share: float | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking is not None and thinking not in THINKING_MODES:
@@ -145,10 +159,36 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
     elif thinking_arg == AUTO:
         # The workers may find gpt-oss in the model they load: its date is fixed here, once.
         harmony_keys = {"harmony_start_date": harmony.start_date()}
+    history_keys = _history_mode(resolved, template_format, thinking_arg, preserve_thinking, preserve_thinking_share)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
                      model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg,
-                     **harmony_keys)
+                     **harmony_keys, **history_keys)
+
+
+def _history_mode(model: str, found: TemplateFormat | None, thinking_arg: str, asked: str | None,
+                  share: float | None) -> dict:
+    """``--preserve-thinking`` as asked, or the template's own default; refused where the template has no such
+    keyword. A model not readable here (AUTO) records what was asked, for the keyword the workers' template has."""
+    if asked is not None and asked not in THINKING_MODES:
+        raise ConfigError(f"--preserve-thinking must be one of {', '.join(THINKING_MODES)}")
+    if found is None or found.history_arg is None:
+        if asked is None:
+            return {}
+        if thinking_arg != AUTO:
+            raise ConfigError(f"--preserve-thinking {asked}: {model}'s chat template has no keyword that changes how "
+                              "earlier assistant turns render (Qwen3.6's preserve_thinking); leave the option out")
+        arg = AUTO
+    else:
+        arg = found.history_arg
+    mode = asked or ("on" if found is not None and found.history_default else "off")
+    if mode == "mix":
+        kept = 0.5 if share is None else share
+    else:
+        kept = 1.0 if mode == "on" else 0.0
+    if not 0.0 <= kept <= 1.0:
+        raise ConfigError("--preserve-thinking-share must be between 0 and 1")
+    return {"history_arg": arg, "preserve_thinking": mode, "preserve_thinking_share": kept}
 
 
 def _harmony_parsers(model: str, reasoning: str | None, tool: str | None, found: TemplateFormat) -> ParserChoice:

@@ -12,7 +12,10 @@ rendered through the template, and the family is read off the output:
   is rendered inside think tags;
 * the thinking switch: which chat-template argument (``enable_thinking``, DeepSeek-V3.1's
   ``thinking``) changes the generation prompt when set on and off; none: the template
-  always thinks (the prompt opens a thought) or never does.
+  always thinks (the prompt opens a thought) or never does;
+* the history keyword: a variable of the template that, set on and off, changes how an
+  earlier assistant turn renders but not the prompt of a first turn (Qwen3.6's
+  ``preserve_thinking`` keeps every earlier turn's thought), and what the template does without it.
 
 Rendering uses transformers' own Jinja environment (what ``apply_chat_template`` uses),
 with empty special tokens: the wire format is in the template's text, not the tokenizer.
@@ -62,6 +65,10 @@ class TemplateFormat:
     #: How prompts are rendered: "jinja" (the template, apply_chat_template) or "harmony" (gpt-oss:
     #: openai-harmony's encoding, as vLLM serves it; targets/harmony.py).
     chat_format: str = "jinja"
+    #: The keyword that changes how earlier assistant turns render (Qwen3.6: ``preserve_thinking``); None: none does.
+    history_arg: str | None = None
+    #: What the template does without it: True when leaving it out renders as setting it true.
+    history_default: bool = False
 
     def modes(self) -> tuple[str, ...]:
         """The ``--thinking`` modes this template can render ("effort": Harmony always reasons)."""
@@ -200,8 +207,11 @@ def probe_template(template: str) -> TemplateFormat | None:
     if thinking != "never":
         pair = _REASONING.get(family)
         reasoning = None if pair is None else pair[0] if thinking == "switch" else pair[1]
+    history = history_switch(template)
     return TemplateFormat(family=family, reasoning=reasoning, tool=call[1] if call else None,
-                          thinking_arg=arg, thinking=thinking, call_arguments=call_arguments)
+                          thinking_arg=arg, thinking=thinking, call_arguments=call_arguments,
+                          history_arg=history[0] if history else None,
+                          history_default=history[1] if history else False)
 
 
 def thinking_switch(template: str) -> str | None:
@@ -214,6 +224,52 @@ def thinking_switch(template: str) -> str | None:
                     _render(template, user, generation=True, **{arg: False}):
                 return arg
         except Exception:  # noqa: BLE001 - a template that raises for this argument has no such switch
+            continue
+    return None
+
+
+#: Variables every template may read that are not switches of its own (transformers passes them, or they are
+#: Jinja's): never tried as history keywords.
+_PASSED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+                     "raise_exception", "strftime_now", "namespace", "range", "loop", "true", "false", "none",
+                     *THINKING_ARGS, EFFORT_ARG})
+#: A conversation whose earlier assistant turn has a thought: the turn a history keyword changes.
+_HISTORY = [{"role": "user", "content": "Where is Zzyzx?"},
+            {"role": "assistant", "content": "In California.", "reasoning_content": _THOUGHT},
+            {"role": "user", "content": "And Baker?"}]
+
+
+def template_variables(template: str) -> set[str]:
+    """The variables a template reads that it does not set itself (Jinja's own analysis)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        # A tag of transformers' own (``{% generation %}``): the names the template tests for being defined.
+        return set(re.findall(r"\b([A-Za-z_]\w*) is (?:not )?(?:defined|undefined)", template))
+    return set(meta.find_undeclared_variables(parsed))
+
+
+def history_switch(template: str) -> tuple[str, bool] | None:
+    """(keyword, its default) for the first variable of the template that, rendered true and false, changes how an
+    earlier assistant turn renders while a first turn's prompt stays the same; None when none does.
+
+    Found by rendering, as the thinking switch is: whatever the template calls it. The default is True when the
+    conversation rendered without the keyword equals it rendered with the keyword true.
+    """
+    first = [_HISTORY[0]]
+    for name in sorted(template_variables(template) - _PASSED):
+        try:
+            if _render(template, first, generation=True, **{name: True}) != \
+                    _render(template, first, generation=True, **{name: False}):
+                continue  # it changes the prompt itself (a date, a system text): not a history keyword
+            on, off = (_render(template, _HISTORY, generation=True, **{name: v}) for v in (True, False))
+            if on == off:
+                continue
+            return name, _render(template, _HISTORY, generation=True) == on
+        except Exception:  # noqa: BLE001 - a variable the template cannot take as a boolean is not such a keyword
             continue
     return None
 

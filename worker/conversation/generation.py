@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ledger.hashing import sample_seed, thinking_enabled
+from ledger.hashing import history_kept, sample_seed, thinking_enabled
 from targets.harmony import stop_ids as harmony_stop_ids
 from worker.conversation.dialogue import SampleError, regenerate_conversation
 from worker.conversation.rendering import Renderer
@@ -50,10 +50,16 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     thinking_arg = renderer.thinking_arg_for(sampling)
     # gpt-oss (targets/harmony.py): its actions end with <|call|> or <|return|>, whatever generation_config says.
     stops = {"stop_token_ids": harmony_stop_ids()} if renderer.is_harmony(sampling) else {}
+    # Earlier turns keep their thoughts (Qwen3.6's preserve_thinking): the model's own, regenerated ones, since
+    # the context holds only what it generated (worker/conversation/dialogue.py).
+    history_arg = renderer.history_arg_for(sampling)
+    preserve = (history_kept(str(sampling.get("preserve_thinking") or "off"),
+                             float(sampling.get("preserve_thinking_share", 0.0)), sid) if history_arg else None)
+    template_kwargs = {history_arg: preserve} if history_arg else None
 
     def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
         return renderer.render(messages, tools, thinking=thinking, thinking_arg=thinking_arg,
-                               harmony_options=renderer.harmony_options(run))
+                               harmony_options=renderer.harmony_options(run), template_kwargs=template_kwargs)
 
     # An optional per-sample budget (bench/throughput.py's long-tailed lengths) can only
     # lower the run's max_tokens, never raise it.
@@ -71,6 +77,7 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         "input_messages": sample["messages"],
         "tools": sample.get("tools"),
         "thinking": thinking,
+        "preserve_thinking": preserve,
         "model": run["model"],
         "sampling": {**sampling, "seed": sample_seed(run_seed, sid, 0)},
         "provenance": run["provenance"],

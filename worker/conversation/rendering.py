@@ -56,6 +56,15 @@ class Renderer:
         # A template of no known format keeps transformers' name for it.
         return found.thinking_arg if found else "enable_thinking"
 
+    def history_arg_for(self, sampling: dict) -> str | None:
+        """The keyword that keeps earlier turns' thoughts (Qwen3.6's ``preserve_thinking``): the run's, or the
+        loaded template's where the run says AUTO; None for a run that records none (its template has none)."""
+        recorded = sampling.get("history_arg")
+        if recorded != AUTO:
+            return recorded
+        found = self.template_format
+        return found.history_arg if found else None
+
     def is_harmony(self, sampling: dict) -> bool:
         """Whether the run renders with Harmony: as its record says, else as the loaded model is (gpt-oss)."""
         recorded = sampling.get("chat_format")
@@ -101,12 +110,14 @@ class Renderer:
         return self._parsers[key]
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, thinking: bool,
-               thinking_arg: str | None = "enable_thinking", harmony_options: dict | None = None) -> list[int]:
+               thinking_arg: str | None = "enable_thinking", harmony_options: dict | None = None,
+               template_kwargs: dict | None = None) -> list[int]:
+        """The prompt's ids; ``template_kwargs`` are further keywords of the template (``preserve_thinking``)."""
         try:
             if harmony_options is not None:
                 ids = harmony.render_prompt(messages, tools, **harmony_options)
             else:
-                switch = {thinking_arg: thinking} if thinking_arg else {}
+                switch = {**(template_kwargs or {}), **({thinking_arg: thinking} if thinking_arg else {})}
                 # regen keeps arguments as objects; a template that concatenates them as text gets JSON.
                 found = self.template_format
                 ids = self.tokenizer.apply_chat_template(
