@@ -310,6 +310,17 @@ class ObjectStore:
     def exists(self, url: str) -> bool:
         return self.head(url) is not None
 
+    def delete(self, url: str) -> None:
+        """Delete the one object ``url`` (one that is absent is no error: S3's DeleteObject is idempotent).
+
+        Not :meth:`delete_prefix`, which takes its argument as a folder (``url + "/"``) and so
+        would leave the object itself.
+        """
+        bucket, key = parse_s3_url(url)
+        if not key or key.endswith("/"):
+            raise UnsafeKey(f"not an object's key: {url!r}")
+        self._call("delete", url, lambda: self.client.delete_object(Bucket=bucket, Key=key))
+
     def delete_prefix(self, prefix_url: str) -> int:
         """Delete every object under the folder ``prefix_url``; return how many.
 

@@ -183,6 +183,10 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
                    "as it drains")
     for reason, n in sorted(report.reject_reasons.items()):
         click.echo(f"  {reason}: {n}")
+    from .monitoring.rejected import first_rejects_lines
+
+    for line in first_rejects_lines(report):
+        click.echo(line)
 
 
 @main.command()
@@ -190,9 +194,18 @@ def submit(paths, run_name, model, output_url, batch_size, queue, quality_thresh
 @click.option("--json", "as_json", is_flag=True, help="machine-readable, see docs/formats.md")
 @click.option("--watch", is_flag=True, help="live view, redrawn every --interval seconds until Ctrl-C")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between redraws (--watch)")
+@click.option("--rejected", is_flag=True, help="list the rejected input rows (file:row reason detail)")
+@click.option("--reason", default=None, help="with --rejected: only this reason (e.g. malformed_json)")
+@click.option("--limit", type=int, default=100, show_default=True, help="with --rejected: rows listed at most")
 @db_option
-def status(run_name: str | None, as_json: bool, watch: bool, interval: float, database_url: str | None) -> None:
+def status(run_name: str | None, as_json: bool, watch: bool, interval: float, rejected: bool, reason: str | None,
+           limit: int, database_url: str | None) -> None:
     """Samples by status, rejected rows and why, tokens, throughput, ETA."""
+    if rejected or reason:
+        from .monitoring.rejected import rejected_text
+
+        click.echo(rejected_text(_settings(database_url), run_name, reason, limit, as_json=as_json))
+        return
     if watch:
         if as_json:
             raise click.UsageError("--watch and --json do not mix")

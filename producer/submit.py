@@ -74,6 +74,8 @@ GROUP_BATCHES = 32
 #: groups plus the one being committed.
 GROUPS_AHEAD = 2
 DUPLICATE_REASON = "duplicate_id"
+#: Rejected rows a submit shows (``regen status --rejected`` lists them all): a screenful.
+FIRST_REJECTS_SHOWN = 10
 
 #: The group's ids already in the ledger: one primary-key probe per id (the LATERAL ... LIMIT 1
 #: keeps the planner from flattening it). ``sample_id = ANY(:ids)`` let the planner, whose
@@ -87,6 +89,21 @@ _KNOWN_SAMPLES = text(
 
 class SubmitInProgress(ConfigError):
     """Another submit of the run holds its lock."""
+
+
+class NoSamples(ConfigError):
+    """Every row of a new run's input was rejected: the run would sit active with nothing to do."""
+
+
+def _no_samples_message(report: SubmitReport) -> str:
+    from .monitoring.rejected import reject_line
+
+    shown = "\n".join("  " + reject_line(r) for r in report.first_rejects)
+    more = report.rejected + report.duplicates - len(report.first_rejects)
+    return (f"no row of the input became a sample ({report.rows_read:,} rows read, all rejected), so run "
+            f"{report.run!r} was not created. The first rejected rows (file:row reason detail):\n{shown}"
+            + (f"\n  ... and {more:,} more" if more > 0 else "")
+            + "\nFix those rows (docs/formats.md says what a row must hold), then submit again.")
 
 
 @dataclass
@@ -105,6 +122,8 @@ class SubmitReport:
     batches_published: int = 0
     batches_planned: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
+    #: The first rejected rows (at most FIRST_REJECTS_SHOWN), ``{file, row, reason, detail}`` each: what submit shows.
+    first_rejects: list[dict] = field(default_factory=list)
     #: Seconds spent per phase; reading overlaps the writer's phases, so they add up to more than the wall time.
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -309,6 +328,9 @@ class _Submitter:
             key = "duplicates" if r.reason == DUPLICATE_REASON else "rejected"
             setattr(self.report, key, getattr(self.report, key) + 1)
             self.report.reject_reasons[r.reason] = self.report.reject_reasons.get(r.reason, 0) + 1
+            if len(self.report.first_rejects) < FIRST_REJECTS_SHOWN:
+                self.report.first_rejects.append({"file": r.file, "row": r.row, "reason": r.reason,
+                                                  "detail": r.detail[:300]})
 
     def flush_rejects(self, rejects: list[_Reject]) -> None:
         with self.sessions.begin() as s:
@@ -401,6 +423,8 @@ def _submit_into(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
         finally:
             submitter.close()
         report.batches_planned = submitter.planned_left()
+        if created and not report.samples_new and not report.samples_known:
+            raise NoSamples(_no_samples_message(report))  # the run, without a batch, is deleted
         if report.batches_new or report.batches_republished:
             with sessions.begin() as s:
                 transitions.reactivate_run(s, run_id)

@@ -5,7 +5,7 @@ refused the corrected submit under the same name ("exists with another configura
 So every check that can be made up front is made here, before the run exists, cheapest
 first:
 
-1. the input paths exist and each file can be read;
+1. the input paths exist and each file yields a first row (an empty file would make an empty run);
 2. the output URL names a valid bucket;
 3. the model: a local folder with ``config.json``, a tokenizer and a chat template, or a hub
    id whose files are in this machine's Hugging Face cache or answer from the hub (skipped
@@ -36,7 +36,8 @@ from ledger.objects import ObjectStore
 from ledger.settings import Settings, redact
 from targets.parser_choice import chat_template_of
 
-from .dataset.readers import iter_input_paths
+from .dataset.readers import iter_file_rows, iter_input_paths
+from .dataset.reasons import UNREADABLE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,40 @@ def check_submit(settings: Settings, paths: Sequence[str], *, model: str, output
 
 
 def check_inputs(paths: Sequence[str]) -> None:
-    """Every input path exists and every file it names can be opened and read."""
+    """Every input path exists and every file it names yields a first row.
+
+    A file that yields none (empty, ``[]``, unreadable from its start) would make a run with
+    nothing in it, left active: refused here, before the run exists, with the reason and the fix.
+    """
     for path in iter_input_paths(paths):
         try:
             with open(path, "rb") as f:
                 f.read(1)
         except OSError as e:
             raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from e
+        why = first_row_problem(path)
+        if why is not None:
+            raise ConfigError(f"{path}: no rows can be read: {why}. {INPUT_FORMS_FIX}")
+
+
+#: What to do about a file that yields no rows: the forms regen reads.
+INPUT_FORMS_FIX = ("regen reads JSON lines (.jsonl, .json; .gz/.zst), a .json file that is one JSON array of "
+                   "conversations, Parquet, and datasets.save_to_disk folders (docs/formats.md): check that this is "
+                   "the file you meant, or leave it out")
+
+
+def first_row_problem(path: Path) -> str | None:
+    """Why the file yields no first row (None when it does): empty, or unreadable from its start."""
+    rows = iter_file_rows(path, columns=())
+    try:
+        first = next(rows, None)
+    finally:
+        rows.close()
+    if first is None:
+        return "the file holds no rows (it is empty, or an empty JSON array or table)"
+    if first.error is not None and first.error.reason == UNREADABLE_FILE:
+        return f"{first.error.reason}: {first.error.detail}"
+    return None
 
 
 def check_model(model: str) -> None:
@@ -179,7 +207,7 @@ def check_output_writable(store: ObjectStore, output_url: str) -> None:
                          code=e.code) from e
     else:
         try:
-            store.delete_prefix(probe)
+            store.delete(probe)  # the object itself: delete_prefix(probe) took it as a folder and left it
         except StoreError as e:
             raise StoreError(f"the output {output_url} takes writes but refused the delete of {probe} ({e}); "
                              "regen clean and the probe need s3:DeleteObject", transient=e.transient,
