@@ -167,3 +167,17 @@ def test_a_submit_whose_store_or_broker_fails_after_the_checks_leaves_no_run(set
     # Both back: the same name proceeds.
     report = submit_run(sessions, make_celery(settings), ObjectStore(), [str(data)], **args)
     assert report.created and report.samples_new == 5
+
+
+
+def test_a_new_run_on_another_runs_output_prefix_is_refused_naming_that_run(settings, s3_env, s3_bucket, sessions,
+                                                                           existing, submit_args):
+    env = cli_env(settings, s3_env)
+    # The same prefix, one inside it, or one around it: the new run would find "kept"'s shards at its keys.
+    for url in (f"{s3_bucket}/kept", f"{s3_bucket}/kept/inner", s3_bucket):
+        line = _refused(submit_args("y7", **{"--output": url}), env)
+        assert f"overlaps the output of run kept ({s3_bucket}/kept)" in line, url
+        assert "give run 'y7' an --output prefix of its own" in line
+        assert _runs(sessions) == existing
+    # A sibling whose name merely starts alike is a prefix of its own.
+    assert "run y7 (created)" in run_cli(submit_args("y7", **{"--output": f"{s3_bucket}/kept2"}), env).stdout
