@@ -135,9 +135,10 @@ class BareEngine:
     @property
     def kv_tokens(self) -> int:
         """Tokens the KV cache holds, as vLLM sized it: what the worker reads of its own (worker/engine/host.py)."""
-        from worker.engine.host import _kv_tokens
+        from worker.engine.cache_plan import engine_capacity
 
-        return _kv_tokens(self.llm.llm_engine)
+        config = self.llm.llm_engine.vllm_config
+        return engine_capacity(config, config.model_config.max_model_len).tokens
 
     def requests(self, rows: list[dict], run_sampling: dict) -> tuple[list[dict], list]:
         from transformers import AutoTokenizer

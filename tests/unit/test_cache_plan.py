@@ -25,6 +25,7 @@ from worker.engine.cache_plan import (
     CachePlan,
     CacheShape,
     card_kv_bytes,
+    engine_capacity,
     engine_plan,
     model_params,
     plan_on_card,
@@ -187,3 +188,23 @@ def test_with_mtp_the_draft_layer_and_its_states_are_planned_as_vllm_plans(vllm_
     available = card_kv_bytes(CARD_MIB["H200"], 2 * model_params(CONFIG, mtp=True))
     block, vllm_blocks, tokens, _ = vllm_planner(available=available, max_model_len=262144, prefix_caching=True, k=1)
     assert (plan.block_size, blocks, plan.tokens(blocks, 262144)) == (block, vllm_blocks, tokens)
+
+
+def _engine_config(**cache):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(hf_text_config=SimpleNamespace(**CONFIG["text_config"])),
+        cache_config=SimpleNamespace(**{"block_size": 784, "mamba_cache_mode": "align", "cache_dtype": "auto",
+                                        "num_gpu_blocks": 1572, **cache}),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1), speculative_config=None)
+
+
+def test_the_engine_capacity_is_the_sequences_vllm_holds_not_its_blocks_slots():
+    # Where the engine does not report its own figure, the plan's is vLLM's (1,208,476 tokens on an H200,
+    # as test_on_an_h200... checks); blocks x block_size (1,232,448) counted the states' blocks as tokens.
+    capacity = engine_capacity(_engine_config(), 262144)
+    assert capacity.tokens == 1_208_476 != 1572 * 784
+    assert capacity.sequences == pytest.approx(1572 / (335 + 6))
+    assert "4.61 sequences of 262,144" in capacity.note() and "MiB of state a sequence" in capacity.note()
+    assert capacity.record()["state_blocks_per_sequence"] == 6
+    # vLLM's own figure, where the engine reports it to its client, is what is printed and recorded.
+    assert engine_capacity(_engine_config(kv_cache_size_tokens=1_208_000), 262144).tokens == 1_208_000

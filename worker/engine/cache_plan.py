@@ -271,3 +271,53 @@ def plan_on_card(config: dict[str, Any], card: str, *, share: float = VLLM_GPU_S
     plan = CachePlan.of(shape, prefix_caching=prefix_caching, speculative_tokens=speculative_tokens)
     weights = 2 * model_params(config, mtp=speculative_tokens > 0)
     return plan, plan.num_blocks(card_kv_bytes(CARD_MIB[card], weights, share=share))
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """What a built engine's cache holds, as vLLM's own log says it, and the pool behind it."""
+
+    tokens: int = 0
+    blocks: int = 0
+    max_model_len: int = 0
+    plan: CachePlan | None = None
+
+    @property
+    def sequences(self) -> float:
+        """Sequences of max_model_len the blocks hold (vLLM's "maximum concurrency")."""
+        if self.plan is None or not self.blocks or not self.max_model_len:
+            return 0.0
+        return self.plan.sequences(self.blocks, self.max_model_len)
+
+    def note(self) -> str:
+        """What the tokens rest on, for the worker's start line: a hybrid's tokens are not its blocks' slots."""
+        if self.plan is None or not self.blocks:
+            return ""
+        note = f" = {self.sequences:,.2f} sequences of {self.max_model_len:,}; {self.blocks:,} blocks"
+        return note + (f", {self.plan.describe()}" if self.plan.shape.hybrid else "")
+
+    def record(self) -> dict[str, Any]:
+        """For the run's provenance (worker/engine/host.py ``settings``)."""
+        plan = self.plan
+        return {"kv_cache_tokens": self.tokens, "kv_cache_blocks": self.blocks,
+                "kv_cache_sequences": round(self.sequences, 2), "kv_block_size": plan.block_size if plan else 0,
+                "state_blocks_per_sequence": plan.state_groups * plan.state_blocks if plan else 0}
+
+
+def engine_capacity(vllm_config: Any, max_model_len: int) -> EngineCapacity:
+    """A built engine's capacity. Its tokens are vLLM's own figure where the engine reports it to its client
+    (``kv_cache_size_tokens``: 0.26-0.33), else the plan's arithmetic, which gives the same. ``blocks x
+    block_size``, what regen printed before, is right for a dense model only: a hybrid's states take blocks
+    of the same pool (issue 56: 8,388,480 printed where vLLM logged 5,368,627)."""
+    cache = getattr(vllm_config, "cache_config", None)
+    if cache is None:
+        return EngineCapacity()
+    plan = engine_plan(vllm_config)
+    try:
+        blocks = int(getattr(cache, "num_gpu_blocks", 0) or 0)
+        tokens = int(getattr(cache, "kv_cache_size_tokens", 0) or 0)
+        if not tokens and blocks:
+            tokens = plan.tokens(blocks, max_model_len) if plan and max_model_len else blocks * int(cache.block_size)
+    except (AttributeError, TypeError, ValueError):
+        return EngineCapacity(plan=plan)
+    return EngineCapacity(tokens, blocks, max_model_len, plan)

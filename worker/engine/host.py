@@ -24,6 +24,7 @@ from typing import Any
 from ledger.errors import RegenError
 from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
+from worker.engine.cache_plan import EngineCapacity, engine_capacity
 from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.kv_tier import check_host_memory, keep_generated_blocks
@@ -140,8 +141,11 @@ class EngineHost(LoopHost):
     _logged_level: int = 0
     #: The engine args it was built with beyond vLLM's defaults: regen's (engine_defaults) and the user's.
     chosen_args: dict[str, Any] = field(default_factory=dict)
-    #: Tokens the KV cache holds, as vLLM sized it (0 where it cannot say).
+    #: Tokens the KV cache holds, as vLLM sized it (0 where it cannot say): its own "KV cache size", the
+    #: sequences of max_model_len its blocks hold times that length (a hybrid's states take blocks too).
     kv_cache_tokens: int = 0
+    #: The pool behind it (worker/engine/cache_plan.py): blocks, and sequences of max_model_len they hold.
+    capacity: EngineCapacity = field(default_factory=EngineCapacity)
 
     def start(self) -> None:
         """Load the tokenizer and the engine (blocking; ~20 s for the tiny model on a CPU)."""
@@ -158,9 +162,9 @@ class EngineHost(LoopHost):
         gc.freeze()
         # The cache's size is printed because it, not max_num_seqs, bounds a long-answer run (docs/performance.md,
         # "The seed's regime"); bench/gpu/throughput.py reads it back to bound each phase by its own cache.
-        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d, KV cache %d tokens); settings chosen: %s",
+        log.info("engine ready: %s (%s, max_model_len %d, max_num_seqs %d, KV cache %d tokens%s); settings chosen: %s",
                  self.model, self.engine_version, self.max_model_len, self.max_num_seqs, self.kv_cache_tokens,
-                 self.settings_note())
+                 self.capacity.note(), self.settings_note())
 
     async def _build(self) -> None:
         import vllm
@@ -181,9 +185,14 @@ class EngineHost(LoopHost):
         self.max_model_len = self._llm.model_config.max_model_len
         self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
         self.admission = AdmissionGate(admission_level(self.max_num_seqs))
-        self.kv_cache_tokens = _kv_tokens(self._llm)
+        self.capacity = engine_capacity(self._llm.vllm_config, self.max_model_len)
+        self.kv_cache_tokens = self.capacity.tokens
         if kv_admission_wanted():  # worker/engine/kv_level.py: an A/B switch until the GPU shows a gain
-            self.kv_level = KvLevel(default_level=self.admission.level, kv_tokens=self.kv_cache_tokens)
+            plan = self.capacity.plan  # a hybrid's level: its blocks' slots over footprints plus states
+            self.kv_level = KvLevel(
+                default_level=self.admission.level,
+                kv_tokens=plan.token_slots(self.capacity.blocks) if plan else self.kv_cache_tokens,
+                per_sequence_tokens=plan.state_tokens() if plan else 0.0)
         self._logged_level = self.admission.level
         self._count_unfinished = _unfinished_counter(self._llm)
         # The gate is read at each sample: a test may swap it (tests/integration/test_admission_engine.py).
@@ -270,7 +279,7 @@ class EngineHost(LoopHost):
     def settings(self) -> dict[str, Any]:
         """The engine's settings for the run's provenance: what regen and the user set, and what vLLM sized."""
         return {"args": dict(sorted(self.chosen_args.items())), "max_num_seqs": self.max_num_seqs,
-                "max_model_len": self.max_model_len, "kv_cache_tokens": self.kv_cache_tokens,
+                "max_model_len": self.max_model_len, **self.capacity.record(), "kv_cache_tokens": self.kv_cache_tokens,
                 "admission_level": self.admission.level if self.admission else 0}
 
     @property
@@ -368,15 +377,6 @@ def _supported(version: str) -> bool:
         return Version(Version(version).base_version) in SpecifierSet(SUPPORTED_VLLM)
     except InvalidVersion:
         return False
-
-
-def _kv_tokens(llm: Any) -> int:
-    """Tokens the engine's KV cache holds (the engine core reports its blocks at start-up); 0 if unknown."""
-    cache = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
-    try:
-        return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
-    except (AttributeError, TypeError, ValueError):
-        return 0
 
 
 def _unfinished_counter(llm: Any):

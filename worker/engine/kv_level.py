@@ -76,12 +76,14 @@ class _Decayed:
 class KvLevel:
     """Learns the requests' budgets and the answers' share of them; says how many requests the cache holds."""
 
-    def __init__(self, *, default_level: int, kv_tokens: int, fill: float = FILL):
+    def __init__(self, *, default_level: int, kv_tokens: int, fill: float = FILL, per_sequence_tokens: float = 0.0):
         if default_level < 1:
             raise ValueError(f"default level must be at least 1, got {default_level}")
         self.default_level = default_level
         self.kv_tokens = max(0, int(kv_tokens))
         self.fill = fill
+        #: A hybrid's states, in tokens of ``kv_tokens``: what each request holds beyond its tokens (issue 56).
+        self.per_sequence_tokens = max(0.0, float(per_sequence_tokens))
         self._asked = _Decayed(3)  # prompt, budget, budget^2
         self._used = _Decayed(2)   # r, r^2
 
@@ -115,7 +117,8 @@ class KvLevel:
         foot = self.footprint()
         if foot is None:
             return self.default_level
-        return fitting_level(self.kv_tokens, foot, default_level=self.default_level, fill=self.fill)
+        return fitting_level(self.kv_tokens, foot, default_level=self.default_level, fill=self.fill,
+                             per_sequence_tokens=self.per_sequence_tokens)
 
     def describe(self) -> str:
         """What the level rests on, for the worker's log and the run's provenance."""
@@ -123,5 +126,6 @@ class KvLevel:
         r, _ = self.share_of_budget()
         if foot is None:
             return f"KV cache {self.kv_tokens:,} tokens; level {self.default_level} until {MIN_ASKED} requests are seen"
-        return (f"KV cache {self.kv_tokens:,} tokens at {self.fill:.0%} / ~{foot:,.0f} tokens a request "
+        state = f" + {self.per_sequence_tokens:,.0f} of state" if self.per_sequence_tokens else ""
+        return (f"KV cache {self.kv_tokens:,} tokens at {self.fill:.0%} / ~{foot:,.0f} tokens{state} a request "
                 f"(answers use {r:.0%} of their budgets) = level {self.level()}")

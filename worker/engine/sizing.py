@@ -56,8 +56,13 @@ class LengthMoments:
         return max(1.0, self.prompt_mean + held)
 
 
-def fitting_level(kv_tokens: int, footprint: float, *, default_level: int, fill: float = FILL) -> int:
+def fitting_level(kv_tokens: int, footprint: float, *, default_level: int, fill: float = FILL,
+                  per_sequence_tokens: float = 0.0) -> int:
     """Conversations to run at once: what ``fill`` of the cache holds, never above ``default_level``.
+
+    ``per_sequence_tokens``: what a sequence holds beyond its tokens, in the same tokens as ``kv_tokens``
+    (a hybrid's recurrent states and its last block's waste: worker/engine/cache_plan.py ``state_tokens``);
+    0 for a dense model, whose cache is its tokens alone.
 
     ``default_level`` is what the engine would run without this sizing (its max_num_seqs,
     or the gate's level): when the cache holds more than that, the cache is not the limit and
@@ -67,5 +72,5 @@ def fitting_level(kv_tokens: int, footprint: float, *, default_level: int, fill:
         raise ValueError(f"default level must be at least 1, got {default_level}")
     if kv_tokens <= 0 or footprint <= 0:
         return default_level
-    fits = math.floor(kv_tokens * fill / footprint)
+    fits = math.floor(kv_tokens * fill / (footprint + max(0.0, per_sequence_tokens)))
     return max(min(FLOOR, default_level), min(default_level, fits))
