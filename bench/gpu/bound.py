@@ -97,7 +97,8 @@ DTYPE_BYTES = 2
 
 @dataclass(frozen=True)
 class Shape:
-    """A dense decoder's sizes, as config.json gives them."""
+    """A decoder's sizes, as config.json gives them: dense, or a hybrid whose linear-attention layers keep a
+    recurrent state per sequence instead of KV (issue 56: Qwen3.6-27B, worker/engine/cache_plan.py)."""
 
     layers: int
     hidden: int
@@ -107,17 +108,35 @@ class Shape:
     head_dim: int
     vocab: int
     tied: bool
+    #: A hybrid's full-attention layers (None: every layer is), the parameters its config gives
+    #: (worker/engine/cache_plan.py ``model_params``), and one sequence's recurrent state in bytes.
+    attention_layers: int | None = None
+    hybrid_params: int | None = None
+    state_bytes_per_sequence: int = 0
 
     @classmethod
     def from_config(cls, model_dir: str | Path) -> Shape:
-        c = json.loads((Path(model_dir) / "config.json").read_text())
+        from worker.engine.cache_plan import CacheShape, model_params, text_config
+
+        c = text_config(json.loads((Path(model_dir) / "config.json").read_text()))
+        cache = CacheShape.from_config(c)
+        hybrid = {}
+        if cache.hybrid:
+            hybrid = {"attention_layers": cache.attention_layers, "hybrid_params": model_params(c),
+                      "state_bytes_per_sequence": cache.state_bytes_per_sequence}
         return cls(layers=c["num_hidden_layers"], hidden=c["hidden_size"], intermediate=c["intermediate_size"],
                    q_heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
                    head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-                   vocab=c["vocab_size"], tied=bool(c.get("tie_word_embeddings", False)))
+                   vocab=c["vocab_size"], tied=bool(c.get("tie_word_embeddings", False)), **hybrid)
+
+    @property
+    def kv_layers(self) -> int:
+        return self.layers if self.attention_layers is None else self.attention_layers
 
     @property
     def params(self) -> int:
+        if self.hybrid_params is not None:
+            return self.hybrid_params
         attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
         mlp = 3 * self.hidden * self.intermediate
         norms = 2 * self.hidden + 2 * self.head_dim  # per layer: two RMSNorms, q/k norms
@@ -130,12 +149,14 @@ class Shape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.layers * self.kv_heads * self.head_dim * 2 * DTYPE_BYTES  # K and V
+        return self.kv_layers * self.kv_heads * self.head_dim * 2 * DTYPE_BYTES  # K and V
 
     @property
     def gemm_flops_per_token(self) -> int:
         """FLOPs of one token through the GEMMs: 2 per weight of the layers' projections and the LM head
         (the input embedding is a lookup, the norms are not GEMMs)."""
+        if self.hybrid_params is not None:  # every weight but the input embedding is a GEMM's, to first order
+            return 2 * (self.hybrid_params - self.vocab * self.hidden)
         attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
         return 2 * (self.layers * (attn + 3 * self.hidden * self.intermediate) + self.vocab * self.hidden)
 
@@ -143,7 +164,12 @@ class Shape:
     def attention_flops_per_cached_token(self) -> int:
         """FLOPs one decoding query spends on one cached token: Q.K and P.V, 2 x head_dim each, per query
         head and layer."""
-        return 4 * self.q_heads * self.head_dim * self.layers
+        return 4 * self.q_heads * self.head_dim * self.kv_layers
+
+    @property
+    def state_bytes_per_step(self) -> int:
+        """Bytes of recurrent state one running sequence's decode step moves: each state read, then written."""
+        return 2 * self.state_bytes_per_sequence
 
 
 @dataclass(frozen=True)
@@ -169,7 +195,8 @@ def step_floor(shape: Shape, running: float, live_tokens: float, *, card: Card =
     if card.bandwidth is None:
         raise ValueError(f"{card.label}: no bandwidth in bench/gpu/bound.py's CARDS, so no bound")
     weights_s = shape.weight_bytes / card.bandwidth
-    kv_s = live_tokens * shape.kv_bytes_per_token / card.bandwidth
+    # A hybrid's attention-side kernels also read and write each running sequence's recurrent state.
+    kv_s = (live_tokens * shape.kv_bytes_per_token + running * shape.state_bytes_per_step) / card.bandwidth
     if card.bf16_flops is None:
         return StepFloor(weights_s, kv_s, False)
     gemm_flops_s = shape.gemm_flops_per_token * running / card.bf16_flops
@@ -185,8 +212,11 @@ def bound_tok_s(shape: Shape, running: float, live_tokens: float, *, card: Card 
 def bound_line(shape: Shape, running: float, live_tokens: float, measured_tok_s: float,
                *, card: Card = H200) -> str:
     """One line: the step's bytes at the measured concurrency, the bound on ``card``, and the run's share of it."""
+    state = (f" + state {running * shape.state_bytes_per_step / 1e9:.1f} GB ({running:.0f} x "
+             f"{shape.state_bytes_per_sequence / 2**20:.0f} MiB read and written)" if shape.state_bytes_per_sequence else "")
     reads = (f"weights {shape.weight_bytes / 1e9:.1f} GB + KV {live_tokens * shape.kv_bytes_per_token / 1e9:.1f} GB "
-             f"({live_tokens:,.0f} tokens x {shape.kv_bytes_per_token / 1024:.0f} KiB) a step at {running:.0f} running")
+             f"({live_tokens:,.0f} tokens x {shape.kv_bytes_per_token / 1024:.0f} KiB){state} a step at "
+             f"{running:.0f} running")
     if card.bandwidth is None:
         return (f"bound: {reads}; no bound: {card.label}'s bandwidth is not in bench/gpu/bound.py's CARDS; "
                 f"measured {measured_tok_s:,.0f}")

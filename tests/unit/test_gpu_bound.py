@@ -148,3 +148,21 @@ def test_a_card_without_flops_gets_the_bandwidth_bound_and_says_so(tmp_path):
     assert card_of("NVIDIA RTX PRO 6000 Blackwell").bf16_flops is None
     with pytest.raises(ValueError, match="no bandwidth"):
         step_floor(shape, 10, 1000, card=card_of("NVIDIA L4"))
+
+
+def test_a_hybrids_step_reads_and_writes_each_running_sequences_state(tmp_path):
+    # Qwen3.6-27B's published config (tests/data/models): 16 attention layers keep KV, 48 linear-attention
+    # layers a 147 MiB state a sequence, which every decode step reads and writes back (issue 56).
+    from pathlib import Path
+
+    published = Path(__file__).resolve().parents[1] / "data" / "models" / "qwen36_27b_config.json"
+    (tmp_path / "config.json").write_text(published.read_text())
+    shape = Shape.from_config(tmp_path)
+    assert shape.kv_bytes_per_token == 16 * 4 * 256 * 2 * 2
+    assert shape.state_bytes_per_sequence == 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4)
+    assert shape.params / 1e9 == pytest.approx(26.9, abs=0.05)
+    running, live = 175, 175 * 2048
+    step = shape.weight_bytes + live * shape.kv_bytes_per_token + running * 2 * shape.state_bytes_per_sequence
+    floor = step_floor(shape, running, live, card=Card("bandwidth only", H200_BANDWIDTH))
+    assert floor.seconds == pytest.approx(step / H200_BANDWIDTH)
+    assert "147 MiB read and written" in bound_line(shape, running, live, 1000.0)
