@@ -26,4 +26,4 @@ FROM generate_series(1, :failed) AS g JOIN batches b ON b.run_id = :run AND b.se
 INSERT INTO run_sample_counts AS c (run_id, status, quality, n)
 VALUES (:run, 'done', 'ok', :done * 64 * 9 / 10 - :failed), (:run, 'done', 'stub_answer', :done * 64 / 20),
        (:run, 'done', 'truncated_answer', :done * 64 / 20), (:run, 'pending', '', (:n - :done) * 64)
-ON CONFLICT (run_id, status, quality) DO UPDATE SET n = c.n + EXCLUDED.n
+ON CONFLICT (run_id, shard, status, quality) DO UPDATE SET n = c.n + EXCLUDED.n

@@ -59,15 +59,8 @@ class Run(Base):
     quality_thresholds: Mapped[dict | None] = mapped_column(JSONB)
     #: Last quality-gate evaluation: workers evaluate a run at most once per interval.
     gate_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: Batches not yet done or dead, kept by triggers on batches (migration 0008); never written here.
-    open_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    #: Done and dead batches, and the done ones' samples and tokens, kept by the same triggers
-    #: (migration 0009): what ``regen status`` shows without a walk over the run's batches.
-    done_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    dead_batches: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    done_samples: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    done_prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    done_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # The run's batch counters (open, done, dead, done samples and tokens) are in run_batch_counts,
+    # sharded by batch and kept by triggers on batches (migration 0011): no commit writes this row.
     #: Submitted with ``regen submit --benchmark``: the only runs a fake engine may serve (migration 0010).
     benchmark: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
@@ -128,6 +121,8 @@ class Batch(Base):
               postgresql_where=text("stale_deliveries > 0 OR republishes > 0")),
         # regen status's recent throughput: the last batches done (migration 0009).
         Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
+        # The open batches of a run: the finish check's EXISTS (migration 0011).
+        Index("batches_open_idx", "run_id", postgresql_where=text("status IN ('planned', 'queued', 'running')")),
         # The few batches a fake engine made or refused (migration 0010): status, export, report.
         Index("batches_fake_idx", "run_id", postgresql_where=text("fake OR fake_refusals > 0")),
     )

@@ -316,6 +316,10 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
         except _BROKER_ERRORS as e:
             log.warning("reconciler: the broker failed during the pass (%s: %s); the next pass retries",
                         type(e).__name__, e)
+        # A commit checks its run's finish after its COMMIT (migration 0011): a worker that died in
+        # between, or a run whose last open batch died here, is finished by the pass.
+        if finished := transitions.finish_drained_runs(s):
+            log.info("reconciler: runs %s finished (no batch left planned, queued or running)", finished)
     try:
         _publish_by_queue(app, front, front=True)
         report.republished = len(front)

@@ -372,30 +372,63 @@ def new_run(session: Session, **columns: Any) -> Run:
     return run
 
 
+# Taken before a transaction that adds open batches (submit, retry) reactivates the run, and held
+# to its COMMIT: the finish check locks the same row before it looks again (below), so it either
+# sees those batches or finishes the run before this lock is granted, and then the UPDATE after
+# it (a new snapshot) sees the run finished and reactivates it.
+_LOCK_RUN_FOR_NEW_WORK = text("SELECT 1 FROM runs WHERE id = :run FOR SHARE")
 _REACTIVATE = _transition("runs", (_FINISHED,), (_ACTIVE,), """
 UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'""")
 
 
 def reactivate_run(session: Session, run_id: int) -> None:
-    """A finished run that got new work (retry, a resubmit with new rows) is ``active`` again."""
+    """A finished run that got new work (retry, a resubmit with new rows) is ``active`` again.
+
+    Call it last in the transaction that adds the batches: it locks the run's row to the COMMIT,
+    the last lock of that transaction (docs/ledger.md, "The commit path": one lock order).
+    """
+    session.execute(_LOCK_RUN_FOR_NEW_WORK, {"run": run_id})
     session.execute(_REACTIVATE, {"run": run_id})
 
 
-# runs.open_batches is kept by triggers on batches (migration 0008): one row read, where
-# the NOT EXISTS over the run's batches this replaced walked every done batch of the run
-# (113-176 ms on a 100M-sample run, issue 22), on every commit.
+# "Drained": no batch of the run is planned, queued or running. An EXISTS on the partial index of
+# open batches (migration 0011), which stops at its first live entry; no counter row is read, so no
+# commit writes a row that every other commit of the run writes (issue 61).
+_ANY_OPEN = text("SELECT EXISTS (SELECT 1 FROM batches WHERE run_id = :run "
+                 "AND status IN ('planned', 'queued', 'running'))")
+_LOCK_ACTIVE_RUN = text("SELECT 1 FROM runs WHERE id = :run AND status = 'active' FOR UPDATE")
 _FINISH_IF_DRAINED = _transition("runs", (_ACTIVE,), (_FINISHED,), """
-UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND open_batches = 0 RETURNING id""")
+UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active'
+  AND NOT EXISTS (SELECT 1 FROM batches WHERE run_id = :run AND status IN ('planned', 'queued', 'running'))
+RETURNING id""")
 
 
 def finish_run_if_drained(session: Session, run_id: int) -> bool:
     """An active run with no batch left planned, queued or running is ``finished``. True if it was.
 
-    Call it holding the run's row lock, as a commit does from its ``mark_done`` on (the
-    trigger's decrement of ``open_batches`` locks the row): two transactions that each close
-    one of the last two batches then see each other's decrement, and the second sees 0.
+    Call it in a transaction that began after the batches it closed were committed (a commit runs
+    it in a transaction of its own, after its COMMIT): of two commits that close the last two
+    batches, the check that runs last then sees both. Costs one index probe while the run has
+    open batches. Once it finds none, it locks the run's row (a submit or retry adding batches
+    holds it to their COMMIT: ``reactivate_run``) and looks again in a new snapshot.
     """
+    if session.execute(_ANY_OPEN, {"run": run_id}).scalar():
+        return False
+    if session.execute(_LOCK_ACTIVE_RUN, {"run": run_id}).first() is None:
+        return False
     return session.execute(_FINISH_IF_DRAINED, {"run": run_id}).first() is not None
+
+
+_ACTIVE_RUNS = text("SELECT id FROM runs WHERE status = 'active' ORDER BY id")
+
+
+def finish_drained_runs(session: Session) -> list[int]:
+    """``finish_run_if_drained`` for every active run (the reconciler's pass): the runs it finished.
+
+    What a commit does after its COMMIT, for a worker that died in between, and for a run whose
+    last open batch died (failed its last attempt, or its lease expired) rather than committed.
+    """
+    return [run_id for (run_id,) in session.execute(_ACTIVE_RUNS).all() if finish_run_if_drained(session, run_id)]
 
 
 _PAUSE = _transition("runs", (_ACTIVE,), (_PAUSED,), """
@@ -424,7 +457,7 @@ WHERE id = :run AND status = 'paused' RETURNING id""")
 def unpause_run(session: Session, run_id: int, *, override_gate: bool) -> RunStatus | None:
     """A paused run ``active`` again, or ``finished`` if its last batches committed while it was paused.
 
-    Call it holding the run's row lock (``SELECT ... FOR UPDATE``), as commits do. ``override_gate``
+    Call it holding the run's row lock (``SELECT ... FOR UPDATE``). ``override_gate``
     records ``gate_overridden`` so the gate does not pause the run again. None if the run was not paused.
     """
     statement = _UNPAUSE_OVERRIDDEN if override_gate else _UNPAUSE

@@ -3,7 +3,7 @@
 Every figure reads counters or a bounded slice, so a status costs the same on a 100M-sample
 run as on a small one (bench/reconcile_scale.py: 52-58 ms): samples by status and class from
 the trigger-kept ``run_sample_counts`` (migration 0005); batches, tokens and the projection from
-``runs``' counters (migrations 0008, 0009); throughput from the last RECENT_BATCHES done; failure
+``run_batch_counts`` (migration 0011; both sharded by batch, summed here); throughput from the last RECENT_BATCHES done; failure
 reasons from at most FAILED_REASONS_READ failed samples; the queue from its head. What grows is
 what the farm holds: the running batches (workers, in flight), ~50 ms at 122,000.
 
@@ -112,12 +112,15 @@ def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | 
 # Each statement of a run's status, by name: run_status runs them, status_statements lists them
 # (bench/reconcile_scale.py EXPLAINs each on a 100M-sample ledger).
 _REJECTED = "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason"
-#: Batches by status: open, done and dead from the run's counters (migrations 0008, 0009); of the
-#: open ones, queued and running counted (a window and what the farm holds), planned the rest.
-_BATCHES = ("SELECT r.open_batches, r.done_batches, r.dead_batches, "
-            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'queued'), "
-            "(SELECT count(*) FROM batches WHERE run_id = r.id AND status = 'running'), "
-            "r.done_prompt_tokens, r.done_completion_tokens, r.done_samples FROM runs r WHERE r.id = %(run)s")
+#: Batches by status: open, done and dead from the run's counters (run_batch_counts, sharded by batch:
+#: 64 rows, migration 0011); of the open ones, queued and running counted (a window and what the farm
+#: holds), planned the rest.
+_BATCHES = ("SELECT coalesce(sum(c.open_batches), 0), coalesce(sum(c.done_batches), 0), "
+            "coalesce(sum(c.dead_batches), 0), "
+            "(SELECT count(*) FROM batches WHERE run_id = %(run)s AND status = 'queued'), "
+            "(SELECT count(*) FROM batches WHERE run_id = %(run)s AND status = 'running'), "
+            "coalesce(sum(c.done_prompt_tokens), 0), coalesce(sum(c.done_completion_tokens), 0), "
+            "coalesce(sum(c.done_samples), 0) FROM run_batch_counts c WHERE c.run_id = %(run)s")
 #: The batches finished last, newest first (migration 0009's index): at most RECENT_BATCHES.
 _RECENT = ("SELECT completion_tokens, n_samples, started_at, finished_at, now() FROM batches "
            "WHERE run_id = %(run)s AND status = 'done' AND finished_at > now() - make_interval(secs => %(w)s) "
@@ -165,8 +168,9 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
         duplicates = reasons.get("duplicate_id", 0)
         samples["rejected"] = sum(reasons.values()) - duplicates
         samples["duplicates"] = duplicates
-        ((open_, done, dead, queued, running, prompt_tokens, completion_tokens, done_samples),) = fetch_rows(
-            conn, _BATCHES, {"run": rid})
+        # Sums over the shards come back as numerics: ints for the JSON and the arithmetic.
+        ((open_, done, dead, queued, running, prompt_tokens, completion_tokens, done_samples),) = (
+            tuple(int(v) for v in row) for row in fetch_rows(conn, _BATCHES, {"run": rid}))
         batches = {s.value: 0 for s in BatchStatus}
         batches.update({"planned": max(0, open_ - queued - running), "queued": queued, "running": running,
                         "done": done, "dead": dead})
@@ -217,7 +221,8 @@ def run_status(conn: Any, run_name: str | None = None, *, broker_url: str | None
     return out
 
 
-_PROJECTION = "SELECT done_completion_tokens, done_samples FROM runs WHERE id = %(run)s"
+_PROJECTION = ("SELECT coalesce(sum(done_completion_tokens), 0), coalesce(sum(done_samples), 0) "
+               "FROM run_batch_counts WHERE run_id = %(run)s")
 
 
 def recent_throughput(rows: list, *, done_batches: int) -> tuple[tuple[float, float, int], float]:

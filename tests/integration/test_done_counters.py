@@ -1,4 +1,4 @@
-"""runs' done and dead counters (migration 0009) stay equal to a count over the batches through every writer."""
+"""The run's batch counters (migrations 0009, 0011) stay equal to a count over the batches through every writer."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ SELECT count(*) FILTER (WHERE status IN ('planned', 'queued', 'running')),
        coalesce(sum(prompt_tokens) FILTER (WHERE status = 'done'), 0),
        coalesce(sum(completion_tokens) FILTER (WHERE status = 'done'), 0)
 FROM batches WHERE run_id = :r"""
-_KEPT = ("SELECT open_batches, done_batches, dead_batches, done_samples, done_prompt_tokens, done_completion_tokens "
-         "FROM runs WHERE id = :r")
+# Sharded by batch (run_batch_counts, migration 0011): the run's figures are the sums over its shards.
+_KEPT = ("SELECT coalesce(sum(open_batches), 0), coalesce(sum(done_batches), 0), coalesce(sum(dead_batches), 0), "
+         "coalesce(sum(done_samples), 0), coalesce(sum(done_prompt_tokens), 0), "
+         "coalesce(sum(done_completion_tokens), 0) FROM run_batch_counts WHERE run_id = :r")
 
 
 def _both(s, run_id: int) -> tuple[tuple, tuple]:
-    return tuple(s.execute(text(_KEPT), {"r": run_id}).one()), tuple(s.execute(text(_COUNTED), {"r": run_id}).one())
+    return (tuple(int(v) for v in s.execute(text(_KEPT), {"r": run_id}).one()),
+            tuple(s.execute(text(_COUNTED), {"r": run_id}).one()))
 
 
 def _new_run(s, name: str) -> int:

@@ -95,9 +95,9 @@ def test_claims_heartbeats_commits_and_locks_work_through_the_pooler_within_its_
     assert errors == []
 
     with sessions() as s:
-        status, open_batches = s.execute(text("SELECT status, open_batches FROM runs WHERE id = :r"),
-                                         {"r": run}).one()
-        done = s.execute(text("SELECT n FROM run_sample_counts WHERE run_id = :r AND status = 'done' "
+        status, open_batches = s.execute(text("SELECT status, (SELECT sum(open_batches) FROM run_batch_counts "
+                                              "WHERE run_id = :r) FROM runs WHERE id = :r"), {"r": run}).one()
+        done = s.execute(text("SELECT sum(n) FROM run_sample_counts WHERE run_id = :r AND status = 'done' "
                               "AND quality = 'ok'"), {"r": run}).scalar()
     # Every commit landed, the last one of them finished the run, the counts are exact.
     assert (status, open_batches, done) == ("finished", 0, BATCHES * SAMPLES)

@@ -16,7 +16,9 @@ def _counted(s, run_id: int) -> dict[tuple[str, str], int]:
 
 def _kept(s, run_id: int) -> dict[tuple[str, str], int]:
     return {(r[0], r[1]): int(r[2]) for r in s.execute(text(
-        "SELECT status, quality, n FROM run_sample_counts WHERE run_id = :r AND n <> 0"), {"r": run_id})}
+        # Summed over the run's shards (migration 0011): a shard's own n may be below zero.
+        "SELECT status, quality, sum(n) FROM run_sample_counts WHERE run_id = :r GROUP BY 1, 2 HAVING sum(n) <> 0"),
+        {"r": run_id})}
 
 
 def _new_run(s, name: str) -> int:
