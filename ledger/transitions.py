@@ -327,7 +327,8 @@ FROM unnest(CAST(:runs AS int[]), CAST(:sids AS text[]), CAST(:statuses AS text[
             CAST(:rts AS bigint[]), CAST(:ats AS bigint[]), CAST(:tcs AS int[]), CAST(:keys AS text[]),
             CAST(:errors AS text[]), CAST(:qualities AS text[]))
      AS v(run, sid, status, finish, stop, turns, pt, ct, rt, at, tc, key, error, quality)
-WHERE s.run_id = v.run AND s.sample_id = v.sid AND s.status <> 'done'""")
+WHERE s.run_id = v.run AND s.sample_id = v.sid AND s.status <> 'done'
+  AND (CAST(:batch AS bigint) IS NULL OR s.batch_id = CAST(:batch AS bigint))""")
 
 #: record_samples' per-sample keys, in the order of the statement's arrays.
 _SAMPLE_COLUMNS = (("runs", "run"), ("sids", "sid"), ("statuses", "status"), ("finishes", "finish"),
@@ -335,18 +336,21 @@ _SAMPLE_COLUMNS = (("runs", "run"), ("sids", "sid"), ("statuses", "status"), ("f
                    ("ats", "at"), ("tcs", "tc"), ("keys", "key"), ("errors", "error"), ("qualities", "quality"))
 
 
-def record_samples(session: Session, params: list[dict]) -> None:
+def record_samples(session: Session, params: list[dict], *, batch_id: int | None = None) -> int:
     """A committed batch's samples, ``done`` or ``failed`` each (never a sample already done), in one statement.
 
     ``params``: one dict per sample with the keys of ``_SAMPLE_COLUMNS`` (``run``, ``sid``,
     ``status``, ``finish``, ``stop``, ``turns``, ``pt``, ``ct``, ``rt``, ``at``, ``tc``, ``key``,
-    ``error``, ``quality``).
+    ``error``, ``quality``). ``batch_id``: only samples the ledger places in that batch are written
+    (a commit passes its own). Returns how many samples were written.
     """
     for p in params:
         if p["status"] not in (SampleStatus.DONE.value, SampleStatus.FAILED.value):
             raise ValueError(f"sample {p.get('sid')!r}: a committed sample is done or failed, not {p['status']!r}")
-    if params:
-        session.execute(_RECORD_SAMPLES, {array: [p[key] for p in params] for array, key in _SAMPLE_COLUMNS})
+    if not params:
+        return 0
+    return session.execute(_RECORD_SAMPLES, {"batch": batch_id, **{array: [p[key] for p in params]
+                                                                   for array, key in _SAMPLE_COLUMNS}}).rowcount
 
 
 _RETRY_SAMPLES = _transition("samples", ("failed",), ("pending",), """

@@ -12,9 +12,11 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ledger.db import retry_db
 from ledger.dispatch import BatchMessage
 from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
+from ledger.output_check import ForeignShard, batch_sample_ids, foreign_rows_reason, refusal
 from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
 from ledger.states import refused_reason
@@ -231,6 +233,19 @@ def _wait(rt: WorkerRuntime, batch_id: int, attempt: int, future: concurrent.fut
             raise EngineDead("engine is no longer running")
 
 
+def _check_own_shard(rt: WorkerRuntime, batch_id: int, run: dict, rows: list[dict], out_url: str) -> None:
+    """A shard this attempt did not write is committed only if its rows are this batch's: this run's, its config
+    hash's, its samples' (ledger/output_check.py). Raises ForeignShard, a failure of the attempt."""
+    def read() -> set[str]:
+        with rt.sessions() as s:
+            return batch_sample_ids(s, batch_id)
+
+    ids = retry_db(read, what=f"read batch {batch_id}'s samples")
+    reason = foreign_rows_reason(rows, run_name=run["name"], config_hash=run["config_hash"], sample_ids=ids)
+    if reason is not None:
+        raise ForeignShard(refusal(out_url, reason))
+
+
 def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int,
                             where: InputSlice) -> Outcome:
     out_url = output_shard_url(run["output_url"], msg.seq)
@@ -241,6 +256,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # record that shard instead of generating again.
         data = rt.store.get(out_url)
         rows = list(decode_shard(data))
+        _check_own_shard(rt, msg.batch_id, run, rows, out_url)
         _classify(rows, run, annotate=False)
         log.info("batch %s: output already in the store, committing it", msg.batch_id)
     else:
@@ -266,6 +282,7 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
             # A twin attempt wrote first; the ledger must describe the bytes in the store.
             data = rt.store.get(out_url)
             rows = list(decode_shard(data))
+            _check_own_shard(rt, msg.batch_id, run, rows, out_url)
             _classify(rows, run, annotate=False)
     ok = commit_batch(rt.sessions, run_id=run["id"], batch_id=msg.batch_id, attempt=attempt, output_key=out_url,
                       output_sha256=sha256_hex(data), rows=rows, provenance=provenance)

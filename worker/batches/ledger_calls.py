@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
 from ledger.db import retry_db
+from ledger.errors import RegenError
 from ledger.runs import run_of_batch
 from ledger.shards import InputSlice
 from ledger.states import BatchStatus, RunStatus
@@ -196,6 +197,26 @@ class _FencedOff(Exception):
     """Raised inside a commit's transaction to roll it back: its attempt is no longer the batch's."""
 
 
+class IncompleteCommit(RegenError):
+    """A commit's rows did not record every sample of its batch: rolled back, never done with samples left pending."""
+
+
+def _check_every_sample_recorded(s: Session, batch_id: int, updated: int) -> None:
+    """The rows recorded must be the batch's samples, all of them (issue 58): a shard of other sample ids,
+    or of fewer, would mark the batch done and leave its own samples pending for ever."""
+    n_samples = s.scalar(text("SELECT n_samples FROM batches WHERE id = :b"), {"b": batch_id})
+    if updated != n_samples:
+        raise IncompleteCommit(f"batch {batch_id}: its rows recorded {updated} of its {n_samples} samples "
+                               "(rows of other samples, or missing ones): not committed")
+
+
+def _ledger_text(value: str | None) -> str | None:
+    """A string from a template, parser or model, fit for a text column: Postgres refuses NUL in text, and one
+    NUL made the whole batch's commit fail for ever (issue 58). Written as the escape JSON uses; the shard
+    keeps the value as it was."""
+    return value.replace("\x00", "\\u0000") if isinstance(value, str) else value
+
+
 @timed("commit")
 def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int, attempt: int, output_key: str,
                  output_sha256: str, rows: list[dict], provenance: dict | None = None) -> bool:
@@ -207,11 +228,12 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
     completion_tokens = sum(r["usage"]["completion_tokens"] for r in rows)
     sample_params = [{
         "run": run_id, "sid": r["sample_id"], "status": r["status"], "finish": r.get("finish_reason"),
-        "stop": r.get("stop_reason"), "turns": r.get("turns"), "pt": r["usage"]["prompt_tokens"],
+        "stop": _ledger_text(r.get("stop_reason")), "turns": r.get("turns"), "pt": r["usage"]["prompt_tokens"],
         "ct": r["usage"]["completion_tokens"], "rt": r["usage"].get("reasoning_tokens"),
         "at": r["usage"].get("answer_tokens"), "tc": r.get("tool_calls"), "key": output_key,
         "quality": r.get("quality"),
-        "error": None if r.get("error") is None else f"{r['error']['reason']}: {r['error']['detail']}"[:2000],
+        "error": None if r.get("error") is None
+        else _ledger_text(f"{r['error']['reason']}: {r['error']['detail']}"[:2000]),
     } for r in rows]
 
     def tx() -> bool:
@@ -225,7 +247,8 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
                                              output_sha256=output_sha256, prompt_tokens=prompt_tokens,
                                              completion_tokens=completion_tokens, fake=fake):
                     raise _FencedOff  # a newer attempt holds the batch: nothing written
-                transitions.record_samples(s, sample_params)
+                updated = transitions.record_samples(s, sample_params, batch_id=batch_id)
+                _check_every_sample_recorded(s, batch_id, updated)
                 if provenance:
                     # The run record names the engine and chat template its first batch used.
                     s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "

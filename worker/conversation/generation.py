@@ -72,6 +72,9 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         return await engine.generate(prompt_ids, {**params, **stops})
 
     row: dict[str, Any] = {
+        # Whose row it is, beside provenance.config_hash: checked before a shard found at a batch's key is
+        # committed (ledger/output_check.py).
+        "run": run.get("name"),
         "sample_id": sid,
         "source": sample.get("source"),
         "input_messages": sample["messages"],

@@ -247,7 +247,8 @@ async def fake_sample(engine: FakeEngineHost, sample: dict, run: dict) -> dict:
              "loss_mask": [0] * len(prompt) + [1] * len(ids), "finish_reason": finish, "stop_reason": None,
              "truncated_in_reasoning": False, "think_tags_ok": True, "tool_call_errors": [],
              "answer_tokens": len(ids)}
-    return {"sample_id": sample["sample_id"], "source": sample.get("source"), "input_messages": sample["messages"],
+    return {"run": run.get("name"), "sample_id": sample["sample_id"], "source": sample.get("source"),
+            "input_messages": sample["messages"],
             "tools": sample.get("tools"), "thinking": False, "model": run["model"], "sampling": sampling,
             "provenance": run["provenance"], "parser": "fake-engine", "fake_engine": FAKE_ENGINE_VERSION,
             "status": "done", "error": None, "messages": messages, "events": [event], "finish_reason": finish,
