@@ -14,6 +14,7 @@ import click
 from worker.process.options import WorkerOptions
 
 from .cli_common import settings as _settings
+from .service_wait import DEFAULT_SERVICES_WAIT_S, wait_for_services
 
 log = logging.getLogger("regen.cli")
 
@@ -49,9 +50,12 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
                    "every other run's batches; its output is marked fake and never exported")
 @click.option("--drain-before-end-s", type=float, default=_W.drain_before_end_s, show_default=True,
               help="in a SLURM job with a time limit, take no new batch this long before its end (0: off)")
+@click.option("--services-wait-s", type=float, default=DEFAULT_SERVICES_WAIT_S, show_default=True,
+              help="wait this long for the ledger and the broker at start, then exit non-zero")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
 def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
-           requeue_grace_s, metrics_port, node_name, fake_engine, drain_before_end_s, dry_run) -> None:
+           requeue_grace_s, metrics_port, node_name, fake_engine, drain_before_end_s, services_wait_s,
+           dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them.
 
     In a SLURM job (deploy/slurm/), ``--gpus all`` is the job's allocation, the node name is
@@ -82,6 +86,7 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
                        + " ".join(p.argv[1:]))
         return
+    wait_for_services(_settings(None), services_wait_s, lambda line: click.echo(line, err=True))
     _require_ledger_schema()
     sys.exit(run_launcher(plans, context=node.context))
 
@@ -89,8 +94,8 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
 def _require_ledger_schema() -> None:
     """A worker of another migration than its ledger's is refused at start (ledger/migrate.py).
 
-    An unreachable ledger is not refused: workers wait for it (a node may boot while
-    Postgres restarts), and check nothing more then.
+    wait_for_services has waited for the ledger; one lost again since is not refused: the
+    workers wait for it, and check nothing more then.
     """
     from sqlalchemy.exc import OperationalError
 
