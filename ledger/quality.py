@@ -45,6 +45,11 @@ DEFAULT_GATE: dict[str, float] = {
     # Calls to tools the sample never offered: the model invents tools (or the tools were
     # not passed to the template); the source has no result to splice after them.
     "unoffered_tool": 0.10,
+    # A call followed by the source's result for other arguments (the model asked about Berlin, the
+    # source's result is Oslo's): a context no deployment shows. Small wording changes in a search query
+    # are common and harmless, so the limit is loose; a high share means the source's trajectories and
+    # the target's part ways (--on-tool-mismatch stop ends such conversations at the call instead).
+    "tool_args_differ": 0.30,
     # Failures are data problems (prompt too long, template errors): many means a wrong config.
     "failed": 0.25,
 }
@@ -212,6 +217,8 @@ def classify_turn(event: Mapping[str, Any], message: Mapping[str, Any], thinking
         flags.append(Quality.INVALID_TOOL_JSON.value)
     if unoffered_calls(message.get("tool_calls"), tools):
         flags.append(Quality.UNOFFERED_TOOL.value)
+    if any(d.get("spliced", True) for d in event.get("tool_args_differ") or []):
+        flags.append(Quality.TOOL_ARGS_DIFFER.value)
     share = repetition_share(completion, thresholds.repetition_ngram, thresholds.repetition_min_tokens)
     if share > thresholds.repetition_max_share:
         flags.append(Quality.REPETITION_LOOP.value)

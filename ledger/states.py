@@ -109,6 +109,7 @@ class Quality(str, Enum):
     BAD_THINK_TAGS = "bad_think_tags"            # unbalanced or leftover think tags
     UNOFFERED_TOOL = "unoffered_tool"            # a call to a tool the conversation did not offer
     INVALID_TOOL_JSON = "invalid_tool_json"      # a <tool_call> block that does not parse
+    TOOL_ARGS_DIFFER = "tool_args_differ"        # a spliced source result answers other arguments than the call's
     OK = "ok"
 
 

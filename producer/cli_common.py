@@ -54,10 +54,13 @@ _RUN_CONFIG_OPTIONS = (
                  "keyword (Qwen3.6's preserve_thinking); default: the template's own default"),
     click.option("--preserve-thinking-share", type=float, default=None, help="with --preserve-thinking mix: share "
                  "of conversations rendered with earlier thoughts kept (default 0.5)"),
+    click.option("--on-tool-mismatch", type=click.Choice(["splice", "stop"]), default=None,
+                 help="a call whose arguments differ from the source call's: splice the source's result anyway "
+                 "(the row is flagged tool_args_differ) or stop the conversation at that call (default splice)"),
 )
 RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
                    "reasoning_parser", "tool_parser", "reasoning_effort", "preserve_thinking",
-                   "preserve_thinking_share")
+                   "preserve_thinking_share", "on_tool_mismatch")
 
 
 def run_config_options(command: Callable) -> Callable:

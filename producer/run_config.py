@@ -79,6 +79,10 @@ class RunConfig:
     #: ``--preserve-thinking``: on | off | mix (mix: ``preserve_thinking_share`` of the conversations, seeded).
     preserve_thinking: str | None = None
     preserve_thinking_share: float = 0.0
+    #: ``--on-tool-mismatch``: "splice" a source result after a call with other arguments (flagged
+    #: tool_args_differ), or "stop" the conversation at that call. Recorded only when "stop": a default
+    #: run's record (and hash) is what it was.
+    on_tool_mismatch: str = "splice"
 
     def as_record(self) -> dict:
         """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash.
@@ -94,7 +98,8 @@ class RunConfig:
                         if self.history_arg is not None else {})
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
                 "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
-                **(self.parsers.as_record() if self.parsers else {}), **harmony_keys, **history_keys}
+                **(self.parsers.as_record() if self.parsers else {}), **harmony_keys, **history_keys,
+                **({"on_tool_mismatch": self.on_tool_mismatch} if self.on_tool_mismatch != "splice" else {})}
 
     def provenance(self) -> dict:
         """What the run was made from, as ``runs.provenance`` records it and every worker reads it: the model's
@@ -123,7 +128,8 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
                      top_k: int | None = None, seed: int | None = None, thinking: str | None = None,
                      thinking_off_share: float | None = None, reasoning_parser: str | None = None,
                      tool_parser: str | None = None, reasoning_effort: str | None = None,
-                     preserve_thinking: str | None = None, preserve_thinking_share: float | None = None) -> RunConfig:
+                     preserve_thinking: str | None = None, preserve_thinking_share: float | None = None,
+                     on_tool_mismatch: str | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking is not None and thinking not in THINKING_MODES:
@@ -160,10 +166,12 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
         # The workers may find gpt-oss in the model they load: its date is fixed here, once.
         harmony_keys = {"harmony_start_date": harmony.start_date()}
     history_keys = _history_mode(resolved, template_format, thinking_arg, preserve_thinking, preserve_thinking_share)
+    if on_tool_mismatch not in (None, "splice", "stop"):
+        raise ConfigError("--on-tool-mismatch must be splice or stop")
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
                      model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg,
-                     **harmony_keys, **history_keys)
+                     on_tool_mismatch=on_tool_mismatch or "splice", **harmony_keys, **history_keys)
 
 
 def _history_mode(model: str, found: TemplateFormat | None, thinking_arg: str, asked: str | None,

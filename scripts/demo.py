@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / ".regen-local"
 PROGRESS_EVERY_S = 10.0
 #: Gate overrides of the demo's run (docs/quality.md); every other limit stays at its default.
-DEMO_GATE = {"gate": {"unoffered_tool": 0.40}}
+#: tool_args_differ (issue 60): a tiny model's arguments may often differ from the sample's source calls; its
+#: share on the demo data is not measured yet, so the demo's limit is loose (the class still shows in status/report).
+DEMO_GATE = {"gate": {"unoffered_tool": 0.40, "tool_args_differ": 0.60}}
 
 
 def step(n: int, what: str) -> None:

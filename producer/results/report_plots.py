@@ -13,7 +13,7 @@ _CLASS_COLORS = {
     "ok": "#2e7d32", "failed": "#424242", "empty_answer": "#b71c1c", "stub_answer": "#e53935",
     "repetition_loop": "#8e24aa", "empty_reasoning": "#fb8c00", "truncated_reasoning": "#1565c0",
     "truncated_answer": "#42a5f5", "bad_think_tags": "#6d4c41", "unoffered_tool": "#00897b",
-    "invalid_tool_json": "#fdd835",
+    "invalid_tool_json": "#fdd835", "tool_args_differ": "#26a69a",
     "unclassified": "#bdbdbd",
 }
 

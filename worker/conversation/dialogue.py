@@ -14,6 +14,7 @@ Two callables connect this module to an engine, so it never imports vLLM or torc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -100,6 +101,7 @@ async def regenerate_conversation(
     max_turns: int = 64,
     think_end_id: int | None = None,
     parser: TurnParser | None = None,
+    on_tool_mismatch: str = "splice",
 ) -> ConversationResult:
     """Regenerate every assistant turn of ``sample`` with the target model.
 
@@ -113,6 +115,9 @@ async def regenerate_conversation(
             from the engine's ids; without it those counts are None.
         parser: Splits each generated turn into thought, answer and tool calls
             (targets/turn_parsers.py: the run's vLLM parsers); default regen's Qwen parser.
+        on_tool_mismatch: A call whose arguments differ from the source call whose result would follow it:
+            "splice" the result anyway (the turn's event lists it under ``tool_args_differ``), or "stop" the
+            conversation at that call (``tool_args_differ: ...``).
 
     Returns:
         The regenerated conversation, its events and why it stopped early, if it did.
@@ -125,8 +130,11 @@ async def regenerate_conversation(
             other exception from ``generate`` (engine failure) propagates unchanged.
     """
     source = _checked_messages(sample)
+    if on_tool_mismatch not in ("splice", "stop"):
+        raise ValueError(f"on_tool_mismatch must be splice or stop, not {on_tool_mismatch!r}")
     walk = _Walk(sample.get("tools") or None, thinking, render, generate, max_turns, think_end_id,
-                 parser or RegenQwenParser(), sample_key=str(sample.get("sample_id", "")))
+                 parser or RegenQwenParser(), sample_key=str(sample.get("sample_id", "")),
+                 on_tool_mismatch=on_tool_mismatch)
     stop: str | None = None
 
     i = 0
@@ -169,6 +177,8 @@ class _Walk:
     parser: TurnParser
     #: Derives the call ids a template demands (targets/call_ids.py), the same on every retry.
     sample_key: str = ""
+    #: "splice" or "stop" at a call whose arguments differ from its source call's (regenerate_conversation).
+    on_tool_mismatch: str = "splice"
     context: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -250,12 +260,24 @@ class _Walk:
         if (getattr(self.parser, "one_call_per_action", False) and parsed.tool_calls
                 and len(parsed.tool_calls) < len(source_calls)):
             # Some of the turn's calls: their results now, the model makes the others after seeing them.
-            spliced, calls_left, results_left, stop = splice_some(parsed.tool_calls, source_calls, source_results)
+            spliced, calls_left, results_left, stop, differ = splice_some(
+                parsed.tool_calls, source_calls, source_results)
+            if self._mismatched(differ):
+                return _differ_reason(differ), None
             self.context.extend(spliced)
             return (stop, None) if stop else (None, (calls_left, results_left))
-        spliced, stop = splice_all(parsed.tool_calls, source_calls, source_results)
+        spliced, stop, differ = splice_all(parsed.tool_calls, source_calls, source_results)
+        if self._mismatched(differ):
+            return _differ_reason(differ), None
         self.context.extend(spliced)
         return stop, None
+
+    def _mismatched(self, differ: list[dict[str, Any]]) -> bool:
+        """Record on the turn's event the calls whose spliced result answers other arguments; True when the
+        run stops there instead (their results are then not spliced, and the event says so)."""
+        stop = bool(differ) and self.on_tool_mismatch == "stop"
+        self.events[-1]["tool_args_differ"] = [{**d, "spliced": not stop} for d in differ]
+        return stop
 
     async def _render_and_generate(self, turn: int) -> Generation:
         try:
@@ -271,6 +293,12 @@ class _Walk:
         except SampleError as e:
             e.turn = turn
             raise
+
+
+def _differ_reason(differ: list[dict[str, Any]]) -> str:
+    first = differ[0]
+    return (f"tool_args_differ: {first['name']} {json.dumps(first['arguments'], ensure_ascii=False)[:200]} "
+            f"!= source {json.dumps(first['source_arguments'], ensure_ascii=False)[:200]}")
 
 
 def _assistant_message(split: ReasoningSplit, parsed: ToolCallParse) -> dict[str, Any]:
@@ -315,6 +343,8 @@ def _event(
         "answer_tokens": answer_tokens,
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion)},
         "tool_call_errors": parsed.errors,
+        # Calls whose spliced result answers other arguments (worker/conversation/splice.py); set after splicing.
+        "tool_args_differ": [],
         "truncated_in_reasoning": split.truncated_in_reasoning,
         "think_tags_ok": split.think_tags_ok,
     }

@@ -88,12 +88,13 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     }
     try:
         result = await regenerate_conversation(sample, thinking=thinking, render=render, generate=generate,
-                                               think_end_id=parser.think_end_id, parser=parser)
+                                               think_end_id=parser.think_end_id, parser=parser,
+                                               on_tool_mismatch=sampling.get("on_tool_mismatch", "splice"))
     except SampleError as e:
         row.update(status="failed", error={"reason": e.reason, "detail": e.detail}, messages=None, events=[],
                    finish_reason=None, stop_reason=None, turns=0,
                    usage={"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "answer_tokens": 0},
-                   tool_calls=0)
+                   tool_calls=0, tool_args_differ=0)
         return row
     row.update(
         status="done",
@@ -104,6 +105,8 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         stop_reason=result.stop_reason,
         turns=result.turns,
         tool_calls=result.tool_calls,
+        # Calls followed by a source result that answers other arguments (ledger/quality.py tool_args_differ).
+        tool_args_differ=sum(d["spliced"] for e in result.events for d in e.get("tool_args_differ", [])),
         usage={"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
                "reasoning_tokens": result.reasoning_tokens, "answer_tokens": result.answer_tokens},
     )
