@@ -39,6 +39,9 @@ _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
 @click.option("--probe-settled", "settled_share", type=click.FloatRange(0, 4, min_open=True), default=None,
               help="the probe's settled phase, where its rate is measured, over its samples' phase "
                    "(default 1: as long again; 0.5 is shorter and noisier: docs/estimate.md)")
+@click.option("--mtp", "mtp", default="auto", show_default=True,
+              help="the model's MTP head as speculative decoding: auto (probed both ways where the model has one, "
+                   "the cheaper chosen), off, or the tokens it drafts a step")
 @click.option("--draw-seed", type=int, default=0, show_default=True, help="seed of the sample draw")
 @click.option("--probe-results", default=None,
               help="JSON file: reused if it exists (no engine run), else the probe's results are kept there")
@@ -61,6 +64,8 @@ def estimate_command(**opts) -> None:
 
 
 def _estimate(o: dict) -> None:
+    from worker.engine.mtp import parse_mtp
+
     from .estimator import EstimateOptions, ThroughputChoice, estimate, hand_estimate
     from .render import render_estimate
 
@@ -81,7 +86,7 @@ def _estimate(o: dict) -> None:
         options = EstimateOptions(sample_size=o["sample_size"], engines=o["engines"], draw_seed=o["draw_seed"],
                                   throughput=choice, engine_args=tuple(o["engine_args"]),
                                   in_flight=o["in_flight"], probe_results=o["probe_results"],
-                                  settled_share=o["settled_share"])
+                                  settled_share=o["settled_share"], mtp=parse_mtp(o["mtp"]))
         doc = estimate(list(o["paths"]), config, options)
     saved = None
     if o["output_url"] or o["save_as"]:

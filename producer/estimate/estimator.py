@@ -28,6 +28,7 @@ from typing import Any
 
 from ledger.errors import ConfigError, RegenError
 from ledger.objects import ObjectStore, join_key
+from worker.engine.mtp import DEFAULT_MTP_TOKENS, choose_mtp, mtp_layers  # pure: no vLLM import
 
 from ..run_config import RunConfig
 from . import arithmetic as em
@@ -52,8 +53,12 @@ def run_document(config: RunConfig) -> dict[str, Any]:
     return {"model": config.model, "sampling": config.as_record(), "provenance": config.provenance()}
 
 
-def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any]:
+def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: EstimateOptions,
+                         *, mtp: int = 0) -> dict[str, Any]:
     """Generate the drawn sample in ``python -m worker.engine.pilot``; return its results.
+
+    ``mtp``: tokens the model's MTP head drafts a step (the estimate's second probe), its results kept
+    beside the first's (``<probe results>.mtp.json``).
 
     Raises:
         ProbeError: the subprocess failed or timed out (its last output is in the message).
@@ -61,6 +66,8 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
     with tempfile.TemporaryDirectory(prefix="regen-estimate-") as tmp:
         samples_path, run_path = Path(tmp) / "samples.jsonl", Path(tmp) / "run.json"
         out_path = Path(options.probe_results) if options.probe_results else Path(tmp) / "probe.json"
+        if mtp:
+            out_path = mtp_results_path(options.probe_results) or Path(tmp) / "probe.mtp.json"
         drawn.write_jsonl(samples_path)
         run_path.write_text(json.dumps(run_document(config)))
         argv = [sys.executable, "-m", "worker.engine.pilot", "--samples", str(samples_path), "--run", str(run_path),
@@ -69,6 +76,8 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
             argv += ["--engine-arg", pair]
         if options.in_flight is not None:
             argv += ["--in-flight", str(options.in_flight)]
+        if mtp:
+            argv += ["--mtp", str(mtp)]
         if options.settled_share is not None:
             argv += ["--settled-share", repr(options.settled_share)]
         if options.throughput.lengths_only:
@@ -84,6 +93,38 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
         if proc.returncode != 0 or not out_path.exists():
             raise ProbeError(f"the probe exited with {proc.returncode}:\n{probe_failure(proc.stdout + proc.stderr)}")
         return json.loads(out_path.read_text())
+
+
+def mtp_results_path(probe_results: str | None) -> Path | None:
+    """Where the MTP probe's results are kept beside a ``--probe-results`` file (None: not kept)."""
+    return Path(probe_results + ".mtp.json") if probe_results else None
+
+
+def model_mtp_layers(model: str) -> int:
+    """The MTP layers the model's config.json declares (0 where it has none, or no local config to read)."""
+    try:
+        return mtp_layers(json.loads((Path(model) / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def mtp_probe(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any] | None:
+    """The second probe, with the model's MTP head drafting (issue 56): its results, ``{"error": ...}`` where
+    its engine could not be built or run (the CPU build, a model without the head's weights), or None where
+    none is wanted (off, no head, or no rate to compare: --lengths-only, --tokens-per-s, --gpu-type)."""
+    choice = options.throughput
+    if options.mtp == 0 or model_mtp_layers(config.model) < 1:
+        return None
+    if choice.lengths_only or choice.tokens_per_s is not None or choice.gpu_type is not None:
+        return None
+    kept = mtp_results_path(options.probe_results)
+    if kept is not None and kept.exists():
+        return load_probe_results(str(kept), drawn)
+    try:
+        return run_probe_subprocess(drawn, config, options, mtp=options.mtp or DEFAULT_MTP_TOKENS)
+    except ProbeError as e:
+        causes = [line.strip() for line in str(e).splitlines() if re.search(r"(Error|Exception): ", line)]
+        return {"error": (causes[0] if causes else str(e).splitlines()[0])[:300]}
 
 
 def probe_failure(output: str | None, *, tail_chars: int = 2000, max_causes: int = 8) -> str:
@@ -152,9 +193,22 @@ def _choose_throughput(probe: dict[str, Any], choice: ThroughputChoice) -> tuple
     return float(measured), {**record, "source": "measured by the probe"}
 
 
+#: What of the MTP probe's results prices a run with MTP on: its rate and its start-up and drain.
+_RATE_KEYS = ("tokens_per_s", "wall_s", "output_tokens", "first_to_last_tokens_per_s", "throughput_window_s",
+              "peak_in_engine", "drain_loss_s", "start_loss_s", "engine_args")
+
+
 def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig, options: EstimateOptions,
-                   *, inputs: list[str]) -> dict[str, Any]:
-    """Extrapolate the probe's per-sample results to the whole dataset (the estimate document)."""
+                   *, inputs: list[str], mtp_results: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Extrapolate the probe's per-sample results to the whole dataset (the estimate document).
+
+    ``mtp_results``: the MTP probe's (:func:`mtp_probe`). Where MTP is the choice, its rate prices the run;
+    the lengths are the first probe's either way (MTP keeps the target's distribution).
+    """
+    mtp = choose_mtp(options.mtp, model_layers=model_mtp_layers(config.model), rate_without=probe.get("tokens_per_s"),
+                     mtp_probe=mtp_results)
+    if mtp.on and mtp_results and not mtp_results.get("error"):
+        probe = {**probe, **{k: mtp_results[k] for k in _RATE_KEYS if k in mtp_results}}
     by_id = {s["sample_id"]: s for s in probe["samples"]}
     strata: dict[str, tuple[int, list[tuple[float, float, float, float]]]] = {}
     for key, stratum in drawn.strata.items():
@@ -232,6 +286,7 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
         "bootstrap": {"resamples": options.bootstrap_resamples, "seed": em.BOOTSTRAP_SEED,
                       "confidence": em.CONFIDENCE},
         "assumptions": assumptions(drawn, probe, throughput, options, failed),
+        "mtp": {**mtp.as_record(), "line": mtp.line()},
     }
 
 
@@ -252,7 +307,8 @@ def estimate(paths: list[str], config: RunConfig, options: EstimateOptions) -> d
         probe = load_probe_results(options.probe_results, drawn)
     else:
         probe = run_probe_subprocess(drawn, config, options)
-    return build_estimate(drawn, probe, config, options, inputs=[str(p) for p in paths])
+    return build_estimate(drawn, probe, config, options, inputs=[str(p) for p in paths],
+                          mtp_results=mtp_probe(drawn, config, options))
 
 
 def hand_estimate(rows: int, mean_output_tokens: float, choice: ThroughputChoice, *, engines: int) -> dict[str, Any]:

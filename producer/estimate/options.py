@@ -55,4 +55,7 @@ class EstimateOptions:
     #: The probe's settled phase over its samples' phase (None: the probe's default, as long again).
     settled_share: float | None = None
     probe_timeout_s: float = PROBE_TIMEOUT_S
+    #: ``--mtp``: None (auto: measured both ways where the model has an MTP head, the cheaper chosen),
+    #: 0 (off) or the tokens its head drafts a step (on, as told; worker/engine/mtp.py).
+    mtp: int | None = None
     bootstrap_resamples: int = em.BOOTSTRAP_RESAMPLES

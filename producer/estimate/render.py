@@ -74,6 +74,8 @@ def render_estimate(doc: dict[str, Any]) -> str:
         row("total prompt tokens", _n(doc["total_prompt_tokens"]["value"]), _ci(doc["total_prompt_tokens"], _big))
     tps = doc["tokens_per_s"]
     row("tokens/s per engine", _n(tps, 0) if tps else "-", tp["source"])
+    if doc.get("mtp"):  # an estimate saved before MTP was priced has none
+        lines.append(f"  {doc['mtp']['line']}")
     engine_h, wall_h = doc["engine_hours"], doc["wall_hours"]
     if engine_h:
         row("engine-hours", _n(engine_h["value"], 2 if engine_h["value"] < 100 else 1),

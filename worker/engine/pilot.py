@@ -50,7 +50,9 @@ from worker.conversation.rendering import Renderer
 from worker.engine.admission import HandedBack
 from worker.engine.args import parse_engine_args
 from worker.engine.host import EngineHost
+from worker.engine.mtp import AcceptanceRecorder, mtp_engine_args
 from worker.engine.probe_timeline import POLL_S, drain_phase, full_engine_window, start_phase, window_rate
+from worker.engine.stats import attach
 
 log = logging.getLogger("regen.probe")
 
@@ -311,20 +313,22 @@ def read_samples(path: str | Path) -> list[dict]:
 
 
 def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_flight: int | None = None,
-              *, measure_rate: bool = True, settled_share: float = SETTLED_SHARE) -> dict[str, Any]:
+              *, measure_rate: bool = True, settled_share: float = SETTLED_SHARE, mtp: int = 0) -> dict[str, Any]:
     """Load the run's model in an engine, generate ``samples``, return the results (see module doc).
 
     ``in_flight`` conversations are kept in the engine (default: its ``max_num_seqs``,
     a full engine). Stats are on so the engine's generated-token counter can be read.
-    ``measure_rate=False``: the samples only, no throughput (``--lengths-only``).
+    ``measure_rate=False``: the samples only, no throughput (``--lengths-only``). ``mtp``: tokens the
+    model's MTP head drafts a step (worker/engine/mtp.py), its acceptance recorded; 0: none.
     """
-    engine_args = {**engine_args, "disable_log_stats": False}
+    engine_args = {**engine_args, **mtp_engine_args(mtp), "disable_log_stats": False}
     if in_flight is not None and in_flight < 1:
         raise ValueError("in_flight must be at least 1")
     check_settled_share(settled_share)
     engine = EngineHost(model=run["model"], engine_args=engine_args)
     load_start = time.monotonic()
     engine.start()
+    acceptance = attach(engine._llm, AcceptanceRecorder()) if mtp else None
     try:
         load_s = time.monotonic() - load_start
         # As full as a worker keeps it: its admission level (worker/engine/admission.py).
@@ -342,6 +346,7 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
         "engine_args": {**engine.chosen_args, "max_num_seqs": engine.max_num_seqs},
         "load_s": round(load_s, 2),
         "sampling": run["sampling"],
+        **({"mtp": {"tokens": mtp, **acceptance.as_record()}} if acceptance is not None else {}),
     }
 
 
@@ -364,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="generate the samples only: no repeats, no settled phase, no throughput")
     p.add_argument("--settled-share", type=float, default=SETTLED_SHARE,
                    help="the settled phase's length over the samples' phase (default: as long again)")
+    p.add_argument("--mtp", type=int, default=0, help="tokens the model's MTP head drafts a step (0: off)")
     p.add_argument("--loglevel", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -383,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"probe: --settled-share: {e}", file=sys.stderr)
         return 2
     result = run_probe(samples, run, engine_args, in_flight=args.in_flight, measure_rate=not args.lengths_only,
-                       settled_share=args.settled_share)
+                       settled_share=args.settled_share, mtp=args.mtp)
     write_json_atomically(args.out, result)
     log.info("probe: %d samples, %d output tokens in %.1f s (%.0f tok/s)", len(samples),
              result["output_tokens"], result["wall_s"], result["tokens_per_s"] or 0)
