@@ -86,8 +86,8 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
             click.echo(f"{p.name}  CUDA_VISIBLE_DEVICES={p.env.get('CUDA_VISIBLE_DEVICES', '')!r}  "
                        + " ".join(p.argv[1:]))
         return
-    wait_for_services(_settings(None), services_wait_s, lambda line: click.echo(line, err=True))
-    _require_ledger_schema()
+    wait_for_services(_settings(None), services_wait_s, lambda line: click.echo(line, err=True),
+                      check_ledger=_require_ledger_schema)
     sys.exit(run_launcher(plans, context=node.context))
 
 

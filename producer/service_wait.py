@@ -60,18 +60,26 @@ def _first_line(e: BaseException) -> str:
 
 
 def wait_for_services(settings: Settings, wait_s: float, say: Callable[[str], None], *,
+                      check_ledger: Callable[[], None] = lambda: None,
                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
     """Return once the ledger and the broker both answer; raise after ``wait_s`` seconds if they do not.
 
     ``say`` gets one line when the wait starts (what is down, where, for how long) and one when it ends well.
+    ``check_ledger`` runs once, as soon as the ledger answers (the worker's migration check): a
+    refusal of the ledger itself need not wait for the broker.
 
     Raises:
         ServicesUnreachable: after ``wait_s``, naming what still does not answer, where, and the fix.
+        ConfigError: from ``check_ledger``.
     """
     deadline = clock() + wait_s
-    waited = False
+    waited = checked = False
     while True:
-        problems = [p for p in (ledger_problem(settings), broker_problem(settings)) if p]
+        ledger = ledger_problem(settings)
+        if ledger is None and not checked:
+            check_ledger()
+            checked = True
+        problems = [p for p in (ledger, broker_problem(settings)) if p]
         if not problems:
             if waited:
                 say("the ledger and the broker answer: starting")
