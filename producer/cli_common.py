@@ -54,13 +54,25 @@ _RUN_CONFIG_OPTIONS = (
                  "keyword (Qwen3.6's preserve_thinking); default: the template's own default"),
     click.option("--preserve-thinking-share", type=float, default=None, help="with --preserve-thinking mix: share "
                  "of conversations rendered with earlier thoughts kept (default 0.5)"),
+    click.option("--presence-penalty", type=float, default=None, help="vLLM's presence_penalty, over both "
+                 "thinking modes' sampling (default: the mode's profile, else 0)"),
+    click.option("--frequency-penalty", type=float, default=None, help="vLLM's frequency_penalty, as above"),
+    click.option("--sampling-thinking", default=None, help="JSON object of sampling values for samples generated "
+                 "with thinking, over the flags (default: generation_config.json for the mode it describes, "
+                 "the model card's published values for the other)"),
+    click.option("--sampling-no-thinking", default=None, help="JSON object of sampling values for samples "
+                 "generated without thinking (--thinking off or mix), as above"),
     click.option("--on-tool-mismatch", type=click.Choice(["splice", "stop"]), default=None,
                  help="a call whose arguments differ from the source call's: splice the source's result anyway "
                  "(the row is flagged tool_args_differ) or stop the conversation at that call (default splice)"),
+    click.option("--mtp", default="auto", show_default=True, help="the model's own MTP head as speculative "
+                 "decoding (lossless): off, on, or the tokens it drafts a step; auto: off for a run, measured both "
+                 "ways by regen estimate, which says which is cheaper"),
 )
 RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
                    "reasoning_parser", "tool_parser", "reasoning_effort", "preserve_thinking",
-                   "preserve_thinking_share", "on_tool_mismatch")
+                   "preserve_thinking_share", "on_tool_mismatch", "mtp",
+                   "presence_penalty", "frequency_penalty", "sampling_thinking", "sampling_no_thinking")
 
 
 def run_config_options(command: Callable) -> Callable:

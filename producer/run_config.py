@@ -18,6 +18,9 @@ from ledger.model_path import resolve_model
 from targets import harmony
 from targets.parser_choice import AUTO, ParserChoice, chat_template_of, choose_parsers
 from targets.template_probe import THINKING_ARGS, TemplateFormat, probe_template, thinking_switch
+from worker.engine.mtp import mtp_layers, parse_mtp, speculative_config  # pure: no vLLM import
+
+from .sampling_profiles import PENALTY_KEYS, mode_profiles, parse_profile
 
 #: vLLM's own defaults when neither the run nor generation_config.json sets a value.
 ENGINE_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -33,7 +36,7 @@ def generation_defaults(model: str) -> dict:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not readable JSON: {e}") from e
-    return {k: data[k] for k in SAMPLING_KEYS if k in data and data[k] is not None}
+    return {k: data[k] for k in (*SAMPLING_KEYS, *PENALTY_KEYS) if k in data and data[k] is not None}
 
 
 def model_fingerprint(model: str) -> dict:
@@ -83,6 +86,12 @@ class RunConfig:
     #: tool_args_differ), or "stop" the conversation at that call. Recorded only when "stop": a default
     #: run's record (and hash) is what it was.
     on_tool_mismatch: str = "splice"
+    #: The sampling of a ``--thinking mix`` run's samples generated without thinking, where it differs from
+    #: ``sampling`` (the thinking samples'): producer/sampling_profiles.py. None: one sampling for every sample.
+    no_thinking_sampling: dict | None = None
+    #: ``--mtp``: tokens the model's MTP head drafts a step (worker/engine/mtp.py), 0: off. Recorded only when on:
+    #: a run without it keeps its record (and hash); with it a seed's draws differ, so its hash does too.
+    mtp_tokens: int = 0
 
     def as_record(self) -> dict:
         """What goes into ``runs.sampling`` (and the output rows); the parsers are part of it and of the hash.
@@ -99,7 +108,9 @@ class RunConfig:
         return {**self.sampling, "max_tokens": self.max_tokens, "seed": self.seed, "thinking": self.thinking,
                 "thinking_off_share": self.thinking_off_share, "thinking_arg": self.thinking_arg,
                 **(self.parsers.as_record() if self.parsers else {}), **harmony_keys, **history_keys,
-                **({"on_tool_mismatch": self.on_tool_mismatch} if self.on_tool_mismatch != "splice" else {})}
+                **({"on_tool_mismatch": self.on_tool_mismatch} if self.on_tool_mismatch != "splice" else {}),
+                **({"sampling_no_thinking": self.no_thinking_sampling} if self.no_thinking_sampling else {}),
+                **({"mtp_tokens": self.mtp_tokens} if self.mtp_tokens else {})}
 
     def provenance(self) -> dict:
         """What the run was made from, as ``runs.provenance`` records it and every worker reads it: the model's
@@ -114,6 +125,8 @@ class RunConfig:
         if self.history_arg is not None:
             out["history_arg"] = self.history_arg
             out["preserve_thinking"] = self.preserve_thinking
+        if self.mtp_tokens:  # what every worker builds its engine with (worker/engine/mtp.py)
+            out["mtp"] = {"tokens": self.mtp_tokens, "speculative_config": speculative_config(self.mtp_tokens)}
         return out
 
     @property
@@ -129,7 +142,9 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
                      thinking_off_share: float | None = None, reasoning_parser: str | None = None,
                      tool_parser: str | None = None, reasoning_effort: str | None = None,
                      preserve_thinking: str | None = None, preserve_thinking_share: float | None = None,
-                     on_tool_mismatch: str | None = None) -> RunConfig:
+                     on_tool_mismatch: str | None = None, mtp: str | int | None = None,
+                     sampling_thinking: str | None = None, sampling_no_thinking: str | None = None,
+                     presence_penalty: float | None = None, frequency_penalty: float | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking is not None and thinking not in THINKING_MODES:
@@ -152,12 +167,19 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
         share = 1.0 if thinking == "off" else 0.0
     if not 0.0 <= share <= 1.0:
         raise ConfigError("--thinking-off-share must be between 0 and 1")
-    sampling = {**ENGINE_DEFAULTS, **generation_defaults(resolved)}
-    for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
-        if value is not None:
-            sampling[key] = value
-    if sampling["temperature"] < 0 or not 0 < sampling["top_p"] <= 1:
-        raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+    flags = {key: value for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
+                                          ("presence_penalty", presence_penalty),
+                                          ("frequency_penalty", frequency_penalty)) if value is not None}
+    own = {"on": parse_profile(sampling_thinking, "--sampling-thinking"),
+           "off": parse_profile(sampling_no_thinking, "--sampling-no-thinking")}
+    profiles = mode_profiles(ENGINE_DEFAULTS, generation_defaults(resolved),
+                             family=template_format.family if template_format else None,
+                             tool=template_format.tool if template_format else None,
+                             thinking_kind=template_format.thinking if template_format else None,
+                             flags=flags, own=own)
+    # A run in one mode samples with that mode's profile; a mixed run records the other beside it.
+    sampling = profiles["off" if thinking == "off" else "on"]
+    no_thinking = profiles["off"] if thinking == "mix" and profiles["off"] != profiles["on"] else None
     harmony_keys: dict = {}
     if is_harmony:
         harmony_keys = {"chat_format": harmony.HARMONY, "reasoning_effort": harmony.checked_effort(reasoning_effort),
@@ -168,10 +190,24 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
     history_keys = _history_mode(resolved, template_format, thinking_arg, preserve_thinking, preserve_thinking_share)
     if on_tool_mismatch not in (None, "splice", "stop"):
         raise ConfigError("--on-tool-mismatch must be splice or stop")
+    mtp_tokens = _mtp_tokens(resolved, mtp)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
                      model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg,
-                     on_tool_mismatch=on_tool_mismatch or "splice", **harmony_keys, **history_keys)
+                     on_tool_mismatch=on_tool_mismatch or "splice", mtp_tokens=mtp_tokens,
+                     no_thinking_sampling=no_thinking, **harmony_keys,
+                     **history_keys)
+
+
+def _mtp_tokens(model: str, asked: str | int | None) -> int:
+    """``--mtp`` as the run records it: "auto" is off for a run (``regen estimate`` measures and advises;
+    docs/estimate.md, "MTP"), a count is on, refused for a model without an MTP head."""
+    tokens = parse_mtp(asked) or 0
+    config = Path(model) / "config.json"
+    if tokens and config.is_file() and mtp_layers(json.loads(config.read_text())) < 1:
+        raise ConfigError(f"--mtp {tokens}: {model} declares no MTP layer (mtp_num_hidden_layers), so it has no "
+                          "head to draft with")
+    return tokens
 
 
 def _history_mode(model: str, found: TemplateFormat | None, thinking_arg: str, asked: str | None,

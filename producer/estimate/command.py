@@ -39,9 +39,6 @@ _GPU = click.Choice(sorted(GPU_BANDWIDTH_TBPS))
 @click.option("--probe-settled", "settled_share", type=click.FloatRange(0, 4, min_open=True), default=None,
               help="the probe's settled phase, where its rate is measured, over its samples' phase "
                    "(default 1: as long again; 0.5 is shorter and noisier: docs/estimate.md)")
-@click.option("--mtp", "mtp", default="auto", show_default=True,
-              help="the model's MTP head as speculative decoding: auto (probed both ways where the model has one, "
-                   "the cheaper chosen), off, or the tokens it drafts a step")
 @click.option("--draw-seed", type=int, default=0, show_default=True, help="seed of the sample draw")
 @click.option("--probe-results", default=None,
               help="JSON file: reused if it exists (no engine run), else the probe's results are kept there")

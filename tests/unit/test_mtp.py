@@ -118,3 +118,23 @@ def test_no_mtp_probe_runs_for_a_model_without_a_head_or_when_told_off(tmp_path,
     doc = build_estimate(drawn, _probe_for(drawn, lambda c: 100), _model(tmp_path, 0), EstimateOptions(),
                          inputs=["a"])
     assert "MTP off: the model has no MTP head" in render_estimate(doc)
+
+
+def test_a_run_with_mtp_records_it_in_its_config_hash_and_provenance():
+    plain = RunConfig(model="/m", max_tokens=512, sampling={"temperature": 0.6})
+    with_mtp = RunConfig(model="/m", max_tokens=512, sampling={"temperature": 0.6}, mtp_tokens=2)
+    assert "mtp_tokens" not in plain.as_record() and "mtp" not in plain.provenance()  # as before MTP existed
+    assert with_mtp.as_record()["mtp_tokens"] == 2 and with_mtp.hash != plain.hash
+    assert with_mtp.provenance()["mtp"] == {"tokens": 2, "speculative_config": speculative_config(2)}
+
+
+def test_submit_refuses_mtp_for_a_model_without_a_head_and_auto_is_off_for_a_run(tmp_path):
+    from producer.run_config import _mtp_tokens
+
+    no_head, head = tmp_path / "no_head", tmp_path / "head"
+    for path, layers in ((no_head, 0), (head, 1)):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"text_config": {"mtp_num_hidden_layers": layers}}))
+    with pytest.raises(ConfigError, match="declares no MTP layer"):
+        _mtp_tokens(str(no_head), "2")
+    assert _mtp_tokens(str(head), "2") == 2 and _mtp_tokens(str(head), "auto") == 0 and _mtp_tokens(str(head), "on") == 2
