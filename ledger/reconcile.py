@@ -366,7 +366,9 @@ def requeue(sessions: sessionmaker[Session], app: Celery, *, run: str | None, le
                     waiting[q] = ready_batch_ids(client, q, limit=SCAN_WINDOWS * window)
                 send = [r for r in rows if not (waiting[r.queue] and r.id in waiting[r.queue])]
                 transitions.mark_republished(s, [r.id for r in send])
-                _publish_by_queue(app, send, front=False)
+            # After the COMMIT, as every publish (module docstring): a worker that takes the message at once
+            # must find the row as the message says, and no claim waits on this transaction's row locks.
+            _publish_by_queue(app, send, front=False)
             report.republished += len(send)
             runs |= {r.name for r in rows}
     run_id = None

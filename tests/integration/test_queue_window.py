@@ -234,3 +234,30 @@ def test_a_lost_message_behind_the_head_read_is_found_by_later_messages_seen_the
     assert _batch_id(r.lindex(QUEUE, -1)) == lost
     ids = [_batch_id(m) for m in r.lrange(QUEUE, 0, -1)]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 10, "nothing waiting was published again"
+
+
+def test_requeue_publishes_a_chunk_only_after_its_transaction_commits(settings, sessions, tmp_path, s3_bucket,
+                                                                      monkeypatch):
+    import ledger.reconcile
+
+    r = redis_lib.Redis.from_url(settings.redis_url)
+    _submit(settings, sessions, tmp_path, s3_bucket, window=3)
+    r.flushdb()  # the three queued batches lost their messages
+    with sessions() as s:
+        before = s.scalar(text("SELECT clock_timestamp()"))
+    seen: list[tuple[set[int], dict[int, bool]]] = []
+    publish = ledger.reconcile._publish_by_queue
+
+    def publish_and_look(app, rows, *, front):
+        # What another connection (a worker that takes the message at once) finds as the message goes out.
+        ids = {row.id for row in rows}
+        with sessions() as s:
+            seen.append((ids, dict(s.execute(text("SELECT id, enqueued_at > :t FROM batches WHERE id = ANY(:ids)"),
+                                             {"ids": list(ids), "t": before}).all())))
+        return publish(app, rows, front=front)
+
+    monkeypatch.setattr(ledger.reconcile, "_publish_by_queue", publish_and_look)
+    report = requeue(sessions, make_celery(settings), run="w", lease_s=60, window=3)
+    assert report.republished == 3 and r.llen(QUEUE) == 3
+    [(ids, marked)] = [call for call in seen if call[0]]
+    assert len(ids) == 3 and marked == dict.fromkeys(ids, True), "published before its mark was committed"
