@@ -31,6 +31,9 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
               help="queues to consume (comma-separated)")
 @click.option("--model", default=None, help="load this model at start (default: the first batch's model)")
 @click.option("--engine-arg", "engine_args", multiple=True, help="vLLM engine argument key=value (repeatable)")
+@click.option("--mtp", type=click.IntRange(0, 8), default=0, show_default=True,
+              help="build the engine with the model's own MTP head drafting this many tokens a step (0: off); it "
+                   "then serves only runs submitted with the same --mtp (their config hash names it)")
 @click.option("--lease-s", type=float, default=_W.lease_s, show_default=True,
               help="a running batch without heartbeat for this long may be taken over")
 @click.option("--max-attempts", type=int, default=_W.max_attempts, show_default=True,
@@ -53,7 +56,7 @@ _W = WorkerOptions(name="")  # regen worker's defaults: declared once, in worker
 @click.option("--services-wait-s", type=float, default=DEFAULT_SERVICES_WAIT_S, show_default=True,
               help="wait this long for the ledger and the broker at start, then exit non-zero")
 @click.option("--dry-run", is_flag=True, help="print the processes that would start, and exit")
-def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attempts, heartbeat_s, reconcile_s,
+def worker(gpus, tp, concurrency, queues, model, engine_args, mtp, lease_s, max_attempts, heartbeat_s, reconcile_s,
            requeue_grace_s, metrics_port, node_name, fake_engine, drain_before_end_s, services_wait_s,
            dry_run) -> None:
     """Start one worker process per GPU group on this node and supervise them.
@@ -65,9 +68,11 @@ def worker(gpus, tp, concurrency, queues, model, engine_args, lease_s, max_attem
     import time
 
     from worker.engine.args import parse_engine_args
+    from worker.engine.mtp import mtp_engine_arg_pairs
     from worker.process import slurm
     from worker.process.launcher import parse_gpus, plan_processes, run_launcher
 
+    engine_args = (*engine_args, *mtp_engine_arg_pairs(mtp))  # worker/engine/mtp.py: lossless drafting
     parse_engine_args(list(engine_args))  # refuse a malformed pair here, before any process starts
 
     node = slurm.plan_node(gpus, node_name, drain_before_end_s, job=slurm.from_env(), now=time.time(),

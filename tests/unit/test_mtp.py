@@ -138,3 +138,19 @@ def test_submit_refuses_mtp_for_a_model_without_a_head_and_auto_is_off_for_a_run
     with pytest.raises(ConfigError, match="declares no MTP layer"):
         _mtp_tokens(str(no_head), "2")
     assert _mtp_tokens(str(head), "2") == 2 and _mtp_tokens(str(head), "auto") == 0 and _mtp_tokens(str(head), "on") == 2
+
+
+def test_a_worker_whose_engine_drafts_otherwise_refuses_the_run_and_builds_with_the_runs_choice():
+    import threading
+
+    from worker.engine.mtp import mtp_engine_args
+    from worker.process.runtime import WorkerRuntime, WrongModel
+
+    rt = WorkerRuntime.__new__(WorkerRuntime)  # its engine only: no ledger, broker or store needed here
+    rt._engine_lock, rt._build_error, rt._renderer = threading.Lock(), None, object()
+    rt.options = SimpleNamespace(fake_engine=None, engine_args={})
+    rt._engine = SimpleNamespace(model="/m", chosen_args=mtp_engine_args(2))
+    assert rt.engine_for("/m", mtp=2)[0] is rt._engine
+    assert rt.engine_for("/m")[0] is rt._engine  # a --model preload asks nothing
+    with pytest.raises(WrongModel, match="drafts 2 MTP tokens a step and the run asks for 0"):
+        rt.engine_for("/m", mtp=0)

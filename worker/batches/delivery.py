@@ -263,7 +263,8 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # The ledger's record of the input (its range in a packed object), not the message's key alone.
         samples = list(decode_shard(read_input_shard(rt.store, where)))
         rt.batch_size = len(samples) or rt.batch_size  # how many batches fill the gate (worker/batches/holding.py)
-        engine, renderer = rt.engine_for(run["model"], benchmark=bool(run.get("benchmark")))
+        engine, renderer = rt.engine_for(run["model"], benchmark=bool(run.get("benchmark")),
+                                         mtp=int((run.get("sampling") or {}).get("mtp_tokens") or 0))
         run_ctx = {**run, "provenance": {**run["provenance"], "engine": engine.engine_version,
                                          "chat_template_sha256": renderer.template_hash,
                                          "config_hash": run["config_hash"]}}

@@ -29,6 +29,7 @@ from worker.batches.held import HeldBatches
 from worker.conversation.rendering import Renderer
 from worker.engine.admission import ASSUMED_BATCH_SIZE
 from worker.engine.host import EngineHost
+from worker.engine.mtp import mtp_engine_args, mtp_tokens_of
 from worker.measure import ledger_timing
 from worker.process.heartbeat import Heartbeat
 from worker.process.options import WorkerOptions
@@ -106,11 +107,15 @@ class WorkerRuntime:
         self.fake_refusals = 0
 
     # -- engine ---------------------------------------------------------------------------
-    def engine_for(self, model: str, *, benchmark: bool = False) -> tuple[EngineHost, Renderer]:
+    def engine_for(self, model: str, *, benchmark: bool = False,
+                   mtp: int | None = None) -> tuple[EngineHost, Renderer]:
         """The process's engine, loaded on first use. A process serves one model.
 
         ``benchmark``: the batch's run was submitted with ``--benchmark``. The fake engine serves
         no other (the claim already refused them: this is the second lock on the same door).
+        ``mtp``: the tokens the run's MTP head drafts a step (its record's ``mtp_tokens``, worker/engine/mtp.py):
+        an engine is built with it, and one built otherwise refuses the run, whose config hash names it.
+        None (a worker's ``--model`` preload): the engine its own ``--engine-arg``s build, unchecked.
 
         Raises:
             WrongModel: the process serves another model.
@@ -130,11 +135,15 @@ class WorkerRuntime:
                 self._build(engine)
                 self._renderer = FakeRenderer(engine.max_model_len)  # type: ignore[assignment]
             elif self._engine is None:
-                engine = EngineHost(model=model, engine_args=self.options.engine_args)
+                engine = EngineHost(model=model, engine_args={**mtp_engine_args(mtp or 0), **self.options.engine_args})
                 self._build(engine)
                 self._renderer = Renderer(engine.tokenizer, engine.max_model_len)
             elif self._engine.model != model:
                 raise WrongModel(f"this worker serves {self._engine.model}, not {model}")
+            drafts = mtp_tokens_of(getattr(self._engine, "chosen_args", None) or {})
+            if mtp is not None and not self.options.fake_engine and drafts != mtp:
+                raise WrongModel(f"this worker's engine drafts {drafts} MTP tokens a step and the run asks for {mtp} "
+                                 "(--mtp): its config hash names its choice")
             assert self._renderer is not None
             return self._engine, self._renderer
 
