@@ -24,7 +24,21 @@ from worker.engine.host import EngineDead, EngineHost
 #: only the benchmarks put it into their run's record, with ``--ignore-eos``, so a model
 #: that ends early still generates the workload's lengths. Being in the record, it is in
 #: the run's hash and in every output row's ``sampling``: such a run cannot pass for a real one.
-ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "ignore_eos")
+ENGINE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty", "ignore_eos")
+#: The keys a thinking mode's profile sets (producer/sampling_profiles.py PROFILE_KEYS).
+PROFILE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty")
+
+
+def mode_sampling(sampling: dict, thinking: bool) -> dict:
+    """The run's record as this sample's mode samples: a ``--thinking mix`` run's samples without thinking take the
+    values of its ``sampling_no_thinking`` profile (all of them: a key it lacks is vLLM's default there)."""
+    other = sampling.get("sampling_no_thinking")
+    out = {k: v for k, v in sampling.items() if k != "sampling_no_thinking"}
+    if thinking or not other:
+        return out
+    return {**{k: v for k, v in out.items() if k not in PROFILE_KEYS}, **other}
 
 
 def engine_sampling(run_sampling: dict, *, seed: int, max_tokens: int) -> dict[str, Any]:
@@ -65,9 +79,11 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     # lower the run's max_tokens, never raise it.
     budget = min(int(sampling["max_tokens"]), int(sample.get("max_tokens") or sampling["max_tokens"]))
 
+    used = mode_sampling(sampling, thinking)   # the profile of this sample's thinking mode
+
     async def generate(prompt_ids: list[int], turn: int):
         room = renderer.max_model_len - len(prompt_ids)
-        params = engine_sampling(sampling, seed=sample_seed(run_seed, sid, turn),
+        params = engine_sampling(used, seed=sample_seed(run_seed, sid, turn),
                                  max_tokens=max(1, min(budget, room)))
         return await engine.generate(prompt_ids, {**params, **stops})
 
@@ -82,7 +98,7 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
         "thinking": thinking,
         "preserve_thinking": preserve,
         "model": run["model"],
-        "sampling": {**sampling, "seed": sample_seed(run_seed, sid, 0)},
+        "sampling": {**used, "seed": sample_seed(run_seed, sid, 0)},
         "provenance": run["provenance"],
         "parser": parser.description,
     }
