@@ -292,12 +292,12 @@ def expire_leases(session: Session, leases: Sequence[tuple[int, int, bool]], *, 
 
 _REVIVE_DEAD = _transition("batches", (_X,), (_Q,), """
 UPDATE batches SET status = 'queued', failures = 0, enqueued_at = now()
-WHERE run_id = :run AND status = 'dead' RETURNING id, seq, input_key""")
+WHERE run_id = :run AND status = 'dead' AND NOT id = ANY(CAST(:keep AS bigint[])) RETURNING id, seq, input_key""")
 
 
-def revive_dead(session: Session, run_id: int) -> list:
-    """``regen retry --dead``: every dead batch of the run ``queued`` with its failures reset."""
-    return session.execute(_REVIVE_DEAD, {"run": run_id}).all()
+def revive_dead(session: Session, run_id: int, *, keep_dead: Sequence[int] = ()) -> list:
+    """``regen retry --dead``: every dead batch of the run ``queued`` with its failures reset, but ``keep_dead``'s."""
+    return session.execute(_REVIVE_DEAD, {"run": run_id, "keep": list(keep_dead)}).all()
 
 
 # --- samples ---------------------------------------------------------------------------------

@@ -268,7 +268,10 @@ def retry(run_name, failed, dead, database_url, redis_url) -> None:
     app = make_celery(settings)
     with ledger(settings) as sessions:
         if dead:
-            click.echo(f"{retry_dead(sessions, app, run_name)} dead batches queued again")
+            d = retry_dead(sessions, app, store(settings), run_name)
+            click.echo(f"{d.queued} dead batches queued again")
+            for line in d.kept_dead:
+                click.echo(line, err=True)
         if failed:
             r = retry_failed(sessions, app, store(settings), run_name)
             click.echo(f"{r.failed_samples} failed samples queued again in {r.new_batches} new batches")

@@ -7,7 +7,9 @@ never changes on a retry (no raised temperature): the run's config is fixed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from celery import Celery
 from sqlalchemy import func, select, text
@@ -15,11 +17,22 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
 from ledger.dispatch import BatchMessage, publish_messages
+from ledger.errors import ShardError, StoreError
 from ledger.models import Batch
 from ledger.objects import ObjectStore
-from ledger.runs import find_run
-from ledger.shards import InputSlice, decode_shard, encode_shard, input_shard_url, read_input_shard
+from ledger.output_check import batch_sample_ids, foreign_rows_reason, refusal
+from ledger.runs import RunRecord, find_run
+from ledger.shards import (
+    InputSlice,
+    decode_shard,
+    encode_shard,
+    input_shard_url,
+    output_shard_url,
+    read_input_shard,
+)
 from ledger.states import BatchStatus
+
+from .submit import SubmitInProgress
 
 
 @dataclass
@@ -29,19 +42,82 @@ class RetryReport:
     new_batches: int = 0
 
 
-def retry_dead(sessions: sessionmaker[Session], app: Celery, run_name: str) -> int:
-    with sessions.begin() as s:
+@dataclass
+class DeadRetry:
+    queued: int = 0
+    #: Dead batches left dead, one line each: an object at their output key that can never be committed as
+    #: theirs (another run's, or unreadable), which a replay would only find again.
+    kept_dead: list[str] = field(default_factory=list)
+
+
+def retry_dead(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run_name: str) -> DeadRetry:
+    """Queue every dead batch of the run again, but those whose output key holds a shard that is not theirs."""
+    report = DeadRetry()
+    with sessions() as s:
         run = find_run(s, run_name)
-        rows = transitions.revive_dead(s, run.id)
+        dead = s.execute(text("SELECT id, seq FROM batches WHERE run_id = :r AND status = 'dead' ORDER BY seq"),
+                         {"r": run.id}).all()
+    kept: list[int] = []
+    for batch in dead:
+        why = _unusable_output(sessions, store, run, batch.id, batch.seq)
+        if why is not None:
+            kept.append(batch.id)
+            report.kept_dead.append(f"batch {batch.seq} kept dead: {why}")
+    with sessions.begin() as s:
+        rows = transitions.revive_dead(s, run.id, keep_dead=kept)
         if rows:
             transitions.reactivate_run(s, run.id)
     publish_messages(app, [BatchMessage(run=run.name, run_id=run.id, batch_id=r.id, seq=r.seq, input_key=r.input_key)
                            for r in rows], queue=run.queue)
-    return len(rows)
+    report.queued = len(rows)
+    return report
+
+
+def _unusable_output(sessions: sessionmaker[Session], store: ObjectStore, run: RunRecord, batch_id: int,
+                     seq: int) -> str | None:
+    """Why the object at a dead batch's output key could never be committed as its output; None if there is
+    none, or it is the batch's own (a worker commits it as it is: ledger/output_check.py)."""
+    key = output_shard_url(run.output_url, seq)
+    if store.head(key) is None:
+        return None
+    try:
+        rows = list(decode_shard(store.get(key)))
+    except (ShardError, StoreError) as e:
+        return f"the object at {key} cannot be read ({e}); move it away, then `regen retry --dead`"
+    with sessions() as s:
+        ids = batch_sample_ids(s, batch_id)
+    reason = foreign_rows_reason(rows, run_name=run.name, config_hash=run.config_hash, sample_ids=ids)
+    return None if reason is None else refusal(key, reason)
 
 
 def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run_name: str) -> RetryReport:
-    """Move every failed sample into new batches (new input shards, new keys) and enqueue them."""
+    """Move every failed sample into new batches (new input shards, new keys) and enqueue them.
+
+    Under the run's submit lock (producer/submit.py): a submit or another retry beside it would number
+    its batches alike.
+
+    Raises:
+        SubmitInProgress: a submit or retry of the run holds the lock.
+    """
+    with sessions() as s:
+        run_id = find_run(s, run_name).id
+    with _run_lock(sessions, run_id, run_name):
+        return _retry_failed(sessions, app, store, run_name)
+
+
+@contextlib.contextmanager
+def _run_lock(sessions: sessionmaker[Session], run_id: int, run_name: str) -> Iterator[None]:
+    """The submit's lock of the run (producer/submit.py ``_submit_into``: why a transaction-level one)."""
+    conn = sessions.kw["bind"].connect()
+    try:
+        if not conn.execute(text("SELECT pg_try_advisory_xact_lock(8151, :r)"), {"r": run_id}).scalar():
+            raise SubmitInProgress(f"a submit or retry of run {run_name!r} is in progress")
+        yield
+    finally:
+        conn.close()  # rolls its transaction back: the lock goes with it
+
+
+def _retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStore, run_name: str) -> RetryReport:
     report = RetryReport()
     with sessions() as s:
         run = find_run(s, run_name)
@@ -63,10 +139,15 @@ def retry_failed(sessions: sessionmaker[Session], app: Celery, store: ObjectStor
     published = []
     for i in range(0, len(rows), run.batch_size):
         chunk = rows[i:i + run.batch_size]
-        seq = next_seq
-        next_seq += 1
-        key = input_shard_url(run.output_url, seq)
-        store.put(key, encode_shard(chunk))
+        data = encode_shard(chunk)
+        while True:
+            # Write-once: an object already at the key (a crashed retry's, which no batch names: its seq is
+            # past the ledger's) is never overwritten; the batch takes the next seq instead.
+            seq, key = next_seq, input_shard_url(run.output_url, next_seq)
+            next_seq += 1
+            put = store.put_if_absent(key, data)
+            if put.created or put.matches:
+                break
         with sessions.begin() as s:
             [batch_id] = transitions.insert_batches(s, run.id, [(seq, key, len(chunk))],
                                                     status=BatchStatus.QUEUED)

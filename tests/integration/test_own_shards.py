@@ -17,10 +17,11 @@ from sqlalchemy import text
 
 from ledger.dispatch import BatchMessage, make_celery
 from ledger.objects import ObjectStore
-from ledger.shards import encode_shard, output_shard_url
+from ledger.shards import decode_shard, encode_shard, input_shard_url, output_shard_url
 from producer.clean import clean_run
+from producer.retry import retry_dead, retry_failed
 from producer.run_config import build_run_config
-from producer.submit import submit_run
+from producer.submit import SubmitInProgress, submit_run
 from tests.faults.ledger_setup import submit, write_dataset
 from worker.batches.delivery import Outcome, Requeue, run_batch
 from worker.batches.ledger_calls import IncompleteCommit, claim_batch, commit_batch
@@ -135,3 +136,48 @@ def test_a_commit_records_its_batchs_own_samples_all_of_them_or_nothing(settings
                         {"b": first.id}).all()
     assert [g.status for g in got] == ["failed"] * 4
     assert got[0].error == "template_error: bad byte \\u0000 here" and got[0].stop_reason == "</s\\u0000>"
+
+
+def test_retry_dead_keeps_dead_a_batch_whose_output_key_holds_a_shard_that_is_not_its(settings, sessions, s3_bucket,
+                                                                                      tmp_path, runtime):
+    store = ObjectStore()
+    _submit(settings, sessions, tmp_path, f"{s3_bucket}/d", run="d", n=8, prefix="d")
+    first, second = _batches(sessions, "d")
+    foreign = output_shard_url(first.output_url, first.seq)
+    store.put(foreign, encode_shard(_rows(["x1", "x2", "x3", "x4"], run="d", config_hash=first.config_hash)))
+    with sessions.begin() as s:  # both dead after their attempts: one on the foreign shard, one on anything else
+        s.execute(text("UPDATE batches SET status = 'dead', failures = 3 WHERE run_id = :r"), {"r": first.run_id})
+    report = retry_dead(sessions, make_celery(settings), store, "d")
+    # A replay would only find the same shard again: kept dead, said why; the other is queued.
+    assert report.queued == 1 and len(report.kept_dead) == 1
+    assert report.kept_dead[0].startswith(f"batch {first.seq} kept dead: the object at {foreign} is not this batch's")
+    assert [(b.seq, b.status) for b in _batches(sessions, "d")] == [(1, "dead"), (2, "queued")]
+    store.delete(foreign)  # what the line says to do
+    assert retry_dead(sessions, make_celery(settings), store, "d").queued == 1
+
+
+def test_retry_failed_takes_the_submit_lock_and_never_overwrites_an_input_object(settings, sessions, s3_bucket,
+                                                                                  tmp_path):
+    store = ObjectStore()
+    _submit(settings, sessions, tmp_path, f"{s3_bucket}/f", run="f", n=4, prefix="f")
+    [batch] = _batches(sessions, "f")
+    claim = claim_batch(sessions, batch.id, worker="w", lease_s=LEASE_S)
+    assert commit_batch(sessions, run_id=batch.run_id, batch_id=batch.id, attempt=claim.attempt,
+                        output_key="s3://x/o", output_sha256="0" * 64,
+                        rows=_rows(batch.ids, run="f", config_hash=batch.config_hash))
+    app = make_celery(settings)
+    # A submit of the run in progress: its lock is held, so the retry is refused, nothing written.
+    with sessions.kw["bind"].connect() as other:
+        other.execute(text("SELECT pg_advisory_xact_lock(8151, :r)"), {"r": batch.run_id})
+        with pytest.raises(SubmitInProgress, match="a submit or retry of run 'f' is in progress"):
+            retry_failed(sessions, app, store, "f")
+    assert len(_batches(sessions, "f")) == 1
+    # An object at the next seq's input key (a crashed retry's, say): left as it is, the batch takes seq 3.
+    squatter = input_shard_url(batch.output_url, 2)
+    store.put(squatter, b"not ours")
+    report = retry_failed(sessions, app, store, "f")
+    assert (report.failed_samples, report.new_batches) == (4, 1)
+    assert store.get(squatter) == b"not ours"
+    new = _batches(sessions, "f")[-1]
+    assert (new.seq, new.input_key) == (3, input_shard_url(batch.output_url, 3))
+    assert sorted(r["sample_id"] for r in decode_shard(store.get(new.input_key))) == sorted(batch.ids)
