@@ -28,7 +28,8 @@ from typing import Any
 
 from ledger.errors import ConfigError, RegenError
 from ledger.objects import ObjectStore, join_key
-from worker.engine.mtp import DEFAULT_MTP_TOKENS, choose_mtp, mtp_layers  # pure: no vLLM import
+from worker.engine.cache_plan import card_capacity  # pure arithmetic, as is mtp: no vLLM import
+from worker.engine.mtp import DEFAULT_MTP_TOKENS, choose_mtp, mtp_layers
 
 from ..run_config import RunConfig
 from . import arithmetic as em
@@ -100,12 +101,30 @@ def mtp_results_path(probe_results: str | None) -> Path | None:
     return Path(probe_results + ".mtp.json") if probe_results else None
 
 
+def model_config(model: str) -> dict[str, Any] | None:
+    """The model's config.json where it is a local directory, else None."""
+    try:
+        return json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def model_mtp_layers(model: str) -> int:
     """The MTP layers the model's config.json declares (0 where it has none, or no local config to read)."""
+    return mtp_layers(model_config(model) or {})
+
+
+def memory_on_cards(model: str, mean_tokens: float, mtp_tokens: int) -> dict[str, Any] | None:
+    """What an H200 and an H100 hold of this model's sequences of the sample's mean length (prompt and
+    output), by vLLM's own arithmetic (worker/engine/cache_plan.py): a hybrid's states included. None where
+    the model's config cannot be read or is not one regen models."""
+    config = model_config(model)
+    if not config or mean_tokens <= 0:
+        return None
     try:
-        return mtp_layers(json.loads((Path(model) / "config.json").read_text()))
-    except (OSError, ValueError, AttributeError):
-        return 0
+        return card_capacity(config, max(1, round(mean_tokens)), speculative_tokens=mtp_tokens)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def mtp_probe(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -> dict[str, Any] | None:
@@ -287,6 +306,8 @@ def build_estimate(drawn: DrawnSample, probe: dict[str, Any], config: RunConfig,
                       "confidence": em.CONFIDENCE},
         "assumptions": assumptions(drawn, probe, throughput, options, failed),
         "mtp": {**mtp.as_record(), "line": mtp.line()},
+        "memory": memory_on_cards(config.model, (points[0] + points[4]) / population if population else 0.0,
+                                  mtp.tokens),
     }
 
 

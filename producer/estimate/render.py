@@ -76,6 +76,11 @@ def render_estimate(doc: dict[str, Any]) -> str:
     row("tokens/s per engine", _n(tps, 0) if tps else "-", tp["source"])
     if doc.get("mtp"):  # an estimate saved before MTP was priced has none
         lines.append(f"  {doc['mtp']['line']}")
+    for card, held in (doc.get("memory") or {}).items():
+        state = f"{held['state_mib_per_sequence']:,.0f} MiB of state + " if held["state_mib_per_sequence"] else ""
+        lines.append(f"  memory   an {card} alone holds {held['sequences']:,.1f} sequences of "
+                     f"{held['tokens_per_sequence']:,} tokens ({state}{held['kv_kib_per_token']:,.0f} KiB a token; "
+                     f"{held['blocks']:,} blocks of {held['block_size']}: worker/engine/cache_plan.py)")
     engine_h, wall_h = doc["engine_hours"], doc["wall_hours"]
     if engine_h:
         row("engine-hours", _n(engine_h["value"], 2 if engine_h["value"] < 100 else 1),

@@ -208,3 +208,24 @@ def test_the_engine_capacity_is_the_sequences_vllm_holds_not_its_blocks_slots():
     assert capacity.record()["state_blocks_per_sequence"] == 6
     # vLLM's own figure, where the engine reports it to its client, is what is printed and recorded.
     assert engine_capacity(_engine_config(kv_cache_size_tokens=1_208_000), 262144).tokens == 1_208_000
+
+
+def test_the_estimate_says_what_each_card_holds_of_the_samples_mean_sequence(tmp_path):
+    from producer.estimate.estimator import EstimateOptions, build_estimate
+    from producer.estimate.render import render_estimate
+    from producer.estimate.sample import draw_sample
+    from producer.run_config import RunConfig
+    from tests.unit.test_estimate_math import _chat, _probe_for, _write_dataset
+
+    model = tmp_path / "qwen36"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    _write_dataset(tmp_path / "a.jsonl", [_chat(i, 1, 5) for i in range(100)])
+    drawn = draw_sample([str(tmp_path / "a.jsonl")], 20, seed=1)
+    probe = _probe_for(drawn, lambda c: 100)  # 100 output and 300 prompt tokens a row: sequences of 400
+    doc = build_estimate(drawn, probe, RunConfig(model=str(model), max_tokens=512, sampling={}),
+                         EstimateOptions(sample_size=20, mtp=0), inputs=["a"])
+    h200 = doc["memory"]["H200"]
+    plan, blocks = plan_on_card(CONFIG, "H200")
+    assert h200["sequences"] == round(blocks / (1 + 6), 1) == round(plan.sequences(blocks, 400), 1)
+    assert "an H100 alone holds" in render_estimate(doc) and "147 MiB of state" in render_estimate(doc)

@@ -321,3 +321,17 @@ def engine_capacity(vllm_config: Any, max_model_len: int) -> EngineCapacity:
     except (AttributeError, TypeError, ValueError):
         return EngineCapacity(plan=plan)
     return EngineCapacity(tokens, blocks, max_model_len, plan)
+
+
+def card_capacity(config: dict[str, Any], tokens: int, *, speculative_tokens: int = 0,
+                  prefix_caching: bool = True) -> dict[str, dict[str, Any]]:
+    """For the estimate: on each lent card alone, at vLLM's default share, the sequences of ``tokens`` the
+    cache holds and what one costs (the model's bf16 weights; an assumption until a GPU's log measures it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for card in CARD_MIB:
+        plan, blocks = plan_on_card(config, card, prefix_caching=prefix_caching, speculative_tokens=speculative_tokens)
+        out[card] = {"sequences": round(plan.sequences(blocks, tokens), 1), "blocks": blocks,
+                     "block_size": plan.block_size, "tokens_per_sequence": int(tokens),
+                     "state_mib_per_sequence": round(plan.shape.state_bytes_per_sequence / 2**20, 1),
+                     "kv_kib_per_token": round(plan.shape.kv_bytes_per_token / 1024, 1)}
+    return out
