@@ -9,6 +9,7 @@ retry budget.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 
 from ledger.defaults import DEFAULT_QUEUE_WINDOW
@@ -43,15 +44,25 @@ def libpq_url(url: str) -> str:
     return "postgresql://" + sqlalchemy_url(url)[len("postgresql+psycopg://"):]
 
 
+#: Query parameters that carry a secret: libpq's ``?password=`` (and ``sslpassword``), redis-py's ``?password=``.
+_SECRET_PARAMETER = re.compile(r"([?&][^=&#]*pass(?:word|wd)?=)[^&#]*", re.IGNORECASE)
+
+
 def redact(url: str) -> str:
-    """A URL fit for logs: the password, if any, replaced by ***."""
+    """A URL fit for logs: the password, if any, replaced by ***, in the user part or in a query parameter."""
+    url = _SECRET_PARAMETER.sub(r"\1***", url)
     if "://" not in url or "@" not in url:
         return url
     scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
+    # The user part ends at the last "@" before the path or query (a query may hold an "@" of its own).
+    end = re.search(r"[/?#]", rest)
+    authority, tail = (rest[:end.start()], rest[end.start():]) if end else (rest, "")
+    if "@" not in authority:
+        return url
+    creds, host = authority.rsplit("@", 1)
     if ":" in creds:
         creds = creds.split(":", 1)[0] + ":***"
-    return f"{scheme}://{creds}@{host}"
+    return f"{scheme}://{creds}@{host}{tail}"
 
 
 def _float_env(name: str) -> float | None:
