@@ -121,8 +121,29 @@ def check_model(model: str) -> None:
     elif _looks_like_path(model):
         raise ConfigError(f"--model {model}: no such folder on this machine; submit with the path of the model "
                           "folder the workers load (or a hub id, e.g. Qwen/Qwen3-8B)")
+    elif _local_parent(model) is not None:
+        raise ConfigError(_mistyped_folder(model, _local_parent(model)))
     else:
         _check_hub_model(model)
+
+
+def _local_parent(model: str) -> Path | None:
+    """The local folder that ``org/name``'s ``org`` names, if there is one: then the id was meant as a path."""
+    head = model.split("/", 1)[0]
+    return Path(head) if "/" in model and Path(head).is_dir() else None
+
+
+def _mistyped_folder(model: str, parent: Path) -> str:
+    import difflib
+
+    name = model.split("/", 1)[1]
+    folders = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    close = difflib.get_close_matches(name, folders, n=3, cutoff=0.5)
+    hint = (f"did you mean {' or '.join(f'{parent}/{c}' for c in close)}?" if close
+            else f"{parent}/ holds {', '.join(folders[:8]) or 'no folder'}{' ...' if len(folders) > 8 else ''}")
+    return (f"--model {model}: no such folder: {parent}/ is a folder here but holds no {name!r} ({hint}); "
+            f"not looked up on the hub while ./{parent} is a folder here (submit from another folder for the "
+            "hub model of that id)")
 
 
 def _looks_like_path(model: str) -> bool:
@@ -158,16 +179,49 @@ def _check_hub_model(repo_id: str) -> None:
     except ValueError as e:  # not a valid repo id
         raise ConfigError(f"--model {repo_id}: neither a folder on this machine nor a valid hub id ({e})") from e
     if config is None:
+        offline = _hub_unreachable()
+        if offline:
+            # huggingface_hub would retry five times over ~24 s, then say "check your connection".
+            raise ConfigError(f"--model {repo_id}: no folder of that name here, not in this machine's Hugging Face "
+                              f"cache, and the hub cannot be asked ({offline}): pass the model folder's path "
+                              f"(a typo?), or download it where the hub answers (`hf download {repo_id}`)")
         try:
             config = hf_hub_download(repo_id=repo_id, filename="tokenizer_config.json", etag_timeout=10)
-        except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated: all mean "cannot confirm it"
+        except Exception as e:  # noqa: BLE001 - unknown repo, gated, offline: all mean "cannot confirm it"
             raise ConfigError(f"--model {repo_id}: no folder of that name here and no tokenizer_config.json of "
-                              f"that hub id could be had ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                              f"download it first (`huggingface-cli download {repo_id}`) or pass the model "
-                              "folder") from e
+                              f"that hub id could be had ({type(e).__name__}: {_whole_first_sentence(e)}); pass "
+                              f"the model folder's path (a typo?), or download it first (`hf download {repo_id}`)"
+                              ) from e
     if not chat_template_of(Path(config).parent):
         raise ConfigError(f"--model {repo_id}: its tokenizer_config.json has no chat template; regen renders "
                           "every conversation with the model's own template: use the instruct/chat model")
+
+
+#: Seconds to connect to the hub before calling it unreachable (a DNS failure answers at once).
+HUB_CONNECT_TIMEOUT_S = 3.0
+
+
+def _hub_unreachable() -> str | None:
+    """Why the hub cannot be asked (HF_HUB_OFFLINE, no DNS, no route), or None: one try, no retries."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or type(e).__name__}"
+    return None
+
+
+def _whole_first_sentence(e: BaseException) -> str:
+    """The error's first line, whole: a message cut mid-word ("try aga") reads as a bug."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def check_ledger(settings: Settings) -> None:

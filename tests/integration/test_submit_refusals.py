@@ -87,7 +87,7 @@ def test_a_missing_model_is_refused_and_the_corrected_submit_proceeds_under_the_
     line = _refused(submit_args("y2", **{"--model": str(no_template)}), env)
     assert "has no chat template" in line
     line = _refused(submit_args("y2", **{"--model": "no-org/no-such-model"}), {**env, "HF_HUB_OFFLINE": "1"})
-    assert "--model no-org/no-such-model" in line and "huggingface-cli download" in line
+    assert "--model no-org/no-such-model" in line and "hf download no-org/no-such-model" in line
     assert _runs(sessions) == existing
     # The same name, the right model: created, as if nothing had been tried before.
     out = run_cli(submit_args("y2"), env)
