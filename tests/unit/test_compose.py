@@ -557,3 +557,19 @@ def test_docker_compose_config_accepts_the_file(tmp_path):
 def test_docker_compose_config_refuses_to_run_without_a_secret(tmp_path):
     result = run_compose_config(tmp_path, dummy_env(REDIS_PASSWORD=""))
     assert result.returncode != 0 and "REDIS_PASSWORD" in result.stderr
+
+
+def test_no_secret_is_on_a_command_line():
+    # A container's command line is what `ps` shows every user of its host: secrets travel in the
+    # environment (or, for redis-server, a config file its entrypoint writes from it).
+    services = load_compose()["services"]
+    for name, service in services.items():
+        argv = " ".join(str(a) for key in ("entrypoint", "command") for a in _as_list(service.get(key)))
+        for secret_name, secret in DUMMY_SECRETS.items():
+            assert secret not in argv, f"{name}'s command line holds {secret_name}"
+    script = " ".join(services["redis"]["entrypoint"])
+    assert "requirepass" in script and "$REDISCLI_AUTH" in script and "docker-entrypoint.sh" in script
+
+
+def _as_list(value) -> list:
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
