@@ -337,8 +337,9 @@ class _Submitter:
     def _write_rejects(self, s: Session, rejects: list[_Reject]) -> None:
         if not rejects:
             return
+        # A detail may quote the row (a parser's message): NUL, which Postgres text refuses, escaped as JSON does.
         values = [{"run_id": self.run.id, "source_file": r.file, "source_row": r.row, "reason": r.reason,
-                   "detail": r.detail[:1000]} for r in rejects]
+                   "detail": r.detail[:1000].replace("\x00", "\\u0000")} for r in rejects]
         s.execute(pg_insert(RejectedRow).values(values).on_conflict_do_nothing(
             constraint="rejected_rows_source_key"))
         for r in rejects:

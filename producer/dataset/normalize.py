@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from ledger.errors import InputRowError
@@ -123,6 +124,9 @@ def _row_id(value: Any) -> str | None:
     if type(value) is str:
         if len(value) > MAX_ID_CHARS:
             raise InputRowError(reasons.ID_TOO_LONG, f"id has {len(value)} characters, limit {MAX_ID_CHARS}")
+        if "\x00" in value:
+            # Postgres text cannot hold NUL: the id would fail the submit's COPY, and with it the whole group.
+            raise InputRowError(reasons.INVALID_ID, f"id {value[:_NAME_CHARS]!r} holds a NUL character")
         return value or None
     # bool is an int subclass; True as an id is a mapping mistake, not an id.
     if type(value) is int:
@@ -270,6 +274,8 @@ def _tool_calls(value: Any, where: str) -> tuple[list[dict[str, Any]], int]:
 
 def _arguments(value: Any, at: str) -> dict[str, Any]:
     if type(value) is dict:
+        # A Parquet struct comes as Python values, not parsed JSON: it may hold what JSON cannot.
+        check_json_value(value, f"{at}.function.arguments", reasons.INVALID_TOOL_ARGUMENTS)
         return value
     if value is None:
         return {}
@@ -336,7 +342,32 @@ def _tool_spec(spec: Any, k: int) -> dict[str, Any]:
             raise InputRowError(reasons.INVALID_TOOLS, f"{at}.function.parameters is "
                                                        f"{describe(params)}, expected a JSON schema object")
         out["parameters"] = _drop_nulls(params)
+    check_json_value(out, f"{at}.function", reasons.INVALID_TOOLS)
     return {"type": "function", "function": out}
+
+
+def check_json_value(value: Any, at: str, reason: str) -> None:
+    """Refuse, as ``reason`` naming where, a value JSON cannot carry as it is: NaN or an infinity (the
+    shard's encoder refuses them), a datetime, bytes or any other non-JSON type, or a non-string key.
+    Parquet and Arrow give such values; raised outside InputRowError they aborted the whole submit.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InputRowError(reason, f"{at} is {value!r}, which JSON cannot carry")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InputRowError(reason, f"{at} has a key {key!r} that is not a string")
+            check_json_value(item, f"{at}.{key[:_NAME_CHARS]}", reason)
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json_value(item, f"{at}[{i}]", reason)
+        return
+    raise InputRowError(reason, f"{at} is a {type(value).__name__} value, which JSON cannot carry")
 
 
 def _drop_nulls(value: Any) -> Any:

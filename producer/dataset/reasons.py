@@ -24,6 +24,7 @@ UNSUPPORTED_CONTENT = "unsupported_content"
 INVALID_TOOL_ARGUMENTS = "invalid_tool_arguments"
 INVALID_TOOLS = "invalid_tools"
 ID_TOO_LONG = "id_too_long"
+INVALID_ID = "invalid_id"
 TOO_LARGE = "too_large"
 
 # Given by the submitter, which is the only place that sees every row of a run.
@@ -43,9 +44,12 @@ REASONS: dict[str, str] = {
     NO_USER_TURN: "the conversation has no user turn, so there is nothing to answer",
     TOOL_WITHOUT_CALL: "a tool result is not preceded by an assistant turn with tool calls",
     UNSUPPORTED_CONTENT: "a non-text content part (image, audio) or a non-function tool or tool call",
-    INVALID_TOOL_ARGUMENTS: "a tool call's arguments (or a ShareGPT function_call value) are not a JSON object",
-    INVALID_TOOLS: "tools is not a list of function specs (unparsable JSON string, spec without a name)",
+    INVALID_TOOL_ARGUMENTS: "a tool call's arguments (or a ShareGPT function_call value) are not a JSON object, "
+                            "or hold a value JSON cannot carry (NaN, a datetime, bytes: a Parquet column's)",
+    INVALID_TOOLS: "tools is not a list of function specs (unparsable JSON string, spec without a name, "
+                   "or a value JSON cannot carry: NaN, a datetime, bytes)",
     ID_TOO_LONG: "the row's id is longer than the limit (see producer.dataset.normalize.MAX_ID_CHARS)",
+    INVALID_ID: "the row's id holds a NUL character, which the ledger (Postgres text) cannot store",
     TOO_LARGE: "the line or conversation exceeds a size limit (see producer.dataset.normalize and producer.dataset.readers)",
     DUPLICATE_ID: "another row of the run already has this sample id (the first one wins)",
 }

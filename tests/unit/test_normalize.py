@@ -259,6 +259,11 @@ BAD_ROWS = [
     ("tool_without_call", {"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [call()]},
                                         USER, {"role": "tool", "content": "x"}]}, "messages[3]"),
     ("id_too_long", {"messages": [USER], "id": "x" * 257}, "id has 257 characters"),
+    ("invalid_id", {"messages": [USER], "id": "a\x00b"}, "id 'a\\x00b' holds a NUL character"),
+    ("invalid_tool_arguments", {"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        call(arguments={"x": [float("inf")]})]}]}, "messages[1].tool_calls[0].function.arguments.x[0] is inf"),
+    ("invalid_tools", {"messages": [USER], "tools": [{"name": "f", "parameters": {"enum": [b"x"]}}]},
+     "tools[0].function.parameters.enum[0] is a bytes value"),
     ("too_large", {"messages": [USER, ANSWER] * 501}, "messages has 1002 turns"),
     ("too_large", {"messages": [{"role": "user", "content": "x" * 2_000_001}]}, "messages holds 2000001"),
     ("not_an_object", ["not", "a", "dict"], "row is a list"),
