@@ -218,7 +218,9 @@ WHERE id = :batch AND attempts = :attempt AND status = 'running' RETURNING statu
 
 def fail(session: Session, batch_id: int, attempt: int, *, error: str, max_attempts: int) -> BatchStatus | None:
     """A failed attempt: ``dead`` at ``max_attempts`` failures, else ``queued``; None if fenced off."""
-    row = session.execute(_FAIL, {"batch": batch_id, "attempt": attempt, "error": error[:2000],
+    # A NUL (an exception's message may quote a template or model output) is refused by Postgres text.
+    error = error[:2000].replace("\x00", "\\u0000")
+    row = session.execute(_FAIL, {"batch": batch_id, "attempt": attempt, "error": error,
                                   "max": max_attempts}).first()
     return None if row is None else BatchStatus(row[0])
 

@@ -24,7 +24,7 @@ from producer.run_config import build_run_config
 from producer.submit import SubmitInProgress, submit_run
 from tests.faults.ledger_setup import submit, write_dataset
 from worker.batches.delivery import Outcome, Requeue, run_batch
-from worker.batches.ledger_calls import IncompleteCommit, claim_batch, commit_batch
+from worker.batches.ledger_calls import IncompleteCommit, claim_batch, commit_batch, fail_batch
 from worker.process.options import WorkerOptions
 from worker.process.runtime import WorkerRuntime
 
@@ -136,6 +136,10 @@ def test_a_commit_records_its_batchs_own_samples_all_of_them_or_nothing(settings
                         {"b": first.id}).all()
     assert [g.status for g in got] == ["failed"] * 4
     assert got[0].error == "template_error: bad byte \\u0000 here" and got[0].stop_reason == "</s\\u0000>"
+    # A batch's failure whose message quotes one (an exception raised on a template's output): recorded.
+    claim = claim_batch(sessions, second.id, worker="w", lease_s=LEASE_S)
+    assert fail_batch(sessions, second.id, claim.attempt, error="TemplateError: \x00", max_attempts=3).value == "queued"
+    assert _batches(sessions, "c")[1].error == "TemplateError: \\u0000"
 
 
 def test_retry_dead_keeps_dead_a_batch_whose_output_key_holds_a_shard_that_is_not_its(settings, sessions, s3_bucket,
