@@ -120,10 +120,12 @@ def test_a_commit_records_its_batchs_own_samples_all_of_them_or_nothing(settings
                             output_key="s3://x/o", output_sha256="0" * 64, rows=rows)
 
     # The other batch's samples (same run, content-hash ids): refused, neither batch touched.
-    with pytest.raises(IncompleteCommit, match=f"batch {first.id}: its rows recorded 0 of its 4 samples"):
+    with pytest.raises(IncompleteCommit, match=f"batch {first.id}: its 4 rows recorded 0 of its 4 samples"):
         commit(_rows(second.ids, run="c", config_hash=first.config_hash))
     with pytest.raises(IncompleteCommit, match="recorded 3 of its 4"):
         commit(_rows(first.ids[:3], run="c", config_hash=first.config_hash))
+    with pytest.raises(IncompleteCommit, match="its 5 rows recorded 4 of its 4"):  # and one of the other batch's
+        commit(_rows([*first.ids, second.ids[0]], run="c", config_hash=first.config_hash))
     assert [(b.status, b.error) for b in _batches(sessions, "c")] == [("running", None), ("queued", None)]
     with sessions() as s:
         assert s.scalar(text("SELECT count(*) FROM samples WHERE status <> 'pending'")) == 0

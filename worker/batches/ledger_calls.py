@@ -201,12 +201,13 @@ class IncompleteCommit(RegenError):
     """A commit's rows did not record every sample of its batch: rolled back, never done with samples left pending."""
 
 
-def _check_every_sample_recorded(s: Session, batch_id: int, updated: int) -> None:
-    """The rows recorded must be the batch's samples, all of them (issue 58): a shard of other sample ids,
-    or of fewer, would mark the batch done and leave its own samples pending for ever."""
+def _check_every_sample_recorded(s: Session, batch_id: int, updated: int, rows: int) -> None:
+    """The rows recorded must be the batch's samples, all of them and nothing else (issue 58): a shard of
+    other sample ids, or of fewer, would mark the batch done and leave its own samples pending for ever,
+    and one of more would put another batch's sample in a done shard twice."""
     n_samples = s.scalar(text("SELECT n_samples FROM batches WHERE id = :b"), {"b": batch_id})
-    if updated != n_samples:
-        raise IncompleteCommit(f"batch {batch_id}: its rows recorded {updated} of its {n_samples} samples "
+    if updated != n_samples or rows != n_samples:
+        raise IncompleteCommit(f"batch {batch_id}: its {rows} rows recorded {updated} of its {n_samples} samples "
                                "(rows of other samples, or missing ones): not committed")
 
 
@@ -248,7 +249,7 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
                                              completion_tokens=completion_tokens, fake=fake):
                     raise _FencedOff  # a newer attempt holds the batch: nothing written
                 updated = transitions.record_samples(s, sample_params, batch_id=batch_id)
-                _check_every_sample_recorded(s, batch_id, updated)
+                _check_every_sample_recorded(s, batch_id, updated, len(rows))
                 if provenance:
                     # The run record names the engine and chat template its first batch used.
                     s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
