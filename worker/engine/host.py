@@ -24,6 +24,7 @@ from typing import Any
 from ledger.errors import RegenError
 from worker.conversation.dialogue import Generation
 from worker.engine.admission import AdmissionGate, admission_level
+from worker.engine.architecture_args import architecture_engine_args, read_model_config
 from worker.engine.cache_plan import EngineCapacity, engine_capacity
 from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
@@ -87,10 +88,12 @@ def engine_defaults(on_cpu: bool, *, cards: list[Card] | list[tuple[float, float
     return {**COMMON_ENGINE_ARGS, **GPU_ENGINE_ARGS, **memory_share(gpu_cards() if cards is None else cards)}
 
 
-def chosen_engine_args(on_cpu: bool, user: dict[str, Any]) -> dict[str, Any]:
-    """What an engine is built with: regen's defaults, the user's args over them, and a CPU tier the user
-    asked for told to keep generated blocks too, not only prompts (worker/engine/kv_tier.py)."""
-    return keep_generated_blocks({**engine_defaults(on_cpu), **user})
+def chosen_engine_args(on_cpu: bool, user: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """What an engine is built with: regen's defaults, what ``model``'s architecture needs on this platform
+    (worker/engine/architecture_args.py: a hybrid, a vision tower), the user's args over them, and a CPU tier
+    the user asked for told to keep generated blocks too, not only prompts (worker/engine/kv_tier.py)."""
+    needed = architecture_engine_args(read_model_config(model), on_cpu=on_cpu)
+    return keep_generated_blocks({**engine_defaults(on_cpu), **needed, **user})
 
 
 def expected_max_num_seqs(engine_args: dict[str, Any], *, cuda_visible: str | None = None) -> int:
@@ -173,7 +176,7 @@ class EngineHost(LoopHost):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = chosen_engine_args(current_platform.is_cpu(), self.engine_args)
+        args = chosen_engine_args(current_platform.is_cpu(), self.engine_args, self.model)
         check_host_memory(args)
         self.chosen_args = {k: v for k, v in args.items() if k != "disable_log_stats"}
         if stats_wanted():
