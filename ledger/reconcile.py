@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from celery import Celery
@@ -277,10 +277,14 @@ def _take_pass(session: Session, *, min_interval_s: float, worker: str | None) -
 
 def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: float, max_attempts: int,
                    grace_s: float = QUEUED_GRACE_S, window: int = DEFAULT_QUEUE_WINDOW,
-                   min_interval_s: float = 0.0, worker: str | None = None) -> RequeueReport | None:
+                   min_interval_s: float = 0.0, worker: str | None = None,
+                   may_expire: Callable[[], bool] | None = None) -> RequeueReport | None:
     """One automatic pass (workers offer one every ``--reconcile-s``).
 
     None if another pass holds the lock, or one ran less than ``min_interval_s`` ago.
+    ``may_expire``: asked once the pass's transaction has begun; False: the pass expires no
+    lease (a worker whose heartbeats have not landed steadily for a lease: the ledger may just
+    be back from a stall, worker/process/heartbeat.py), and does the rest.
     Broker errors are logged, not raised: what could not be published is found again
     by a later pass (its batches are queued, and once past their grace period with no
     message waiting they are republished as lost). The pass commits before it publishes,
@@ -302,7 +306,10 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
             with broker_client(app) as client:
                 # The hand-back records are read from the broker first: a pass that cannot read them
                 # expires nothing (the broker error below) rather than count a hand-back's failure.
-                expired = handbacks.expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts)
+                # Asked now, not before the pass: a pass that waited through a stall asks after it.
+                expire = may_expire is None or may_expire()
+                expired = (handbacks.expire_leases(s, client, lease_s=lease_s, max_attempts=max_attempts)
+                           if expire else [])
                 report.count_expired(expired)
                 if requeued := [r.id for r in expired if r.status == "queued"]:
                     # Their messages sit in a dead consumer's unacked entries: new ones, first in line.
@@ -318,7 +325,8 @@ def reconcile_once(sessions: sessionmaker[Session], app: Celery, *, lease_s: flo
                         type(e).__name__, e)
         # A commit checks its run's finish after its COMMIT (migration 0011): a worker that died in
         # between, or a run whose last open batch died here, is finished by the pass.
-        if finished := transitions.finish_drained_runs(s):
+        active = s.execute(text("SELECT id FROM runs WHERE status = 'active' ORDER BY id")).scalars().all()
+        if finished := [r for r in active if transitions.finish_run_if_drained(s, r)]:
             log.info("reconciler: runs %s finished (no batch left planned, queued or running)", finished)
     try:
         _publish_by_queue(app, front, front=True)

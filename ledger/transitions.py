@@ -378,10 +378,8 @@ def new_run(session: Session, **columns: Any) -> Run:
     return run
 
 
-# Taken before a transaction that adds open batches (submit, retry) reactivates the run, and held
-# to its COMMIT: the finish check locks the same row before it looks again (below), so it either
-# sees those batches or finishes the run before this lock is granted, and then the UPDATE after
-# it (a new snapshot) sees the run finished and reactivates it.
+# Held by a transaction that adds open batches (submit, retry) to its COMMIT: the finish check locks
+# the row before it looks again, so it sees those batches, or finishes first and the UPDATE below sees that.
 _LOCK_RUN_FOR_NEW_WORK = text("SELECT 1 FROM runs WHERE id = :run FOR SHARE")
 _REACTIVATE = _transition("runs", (_FINISHED,), (_ACTIVE,), """
 UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'""")
@@ -390,51 +388,31 @@ UPDATE runs SET status = 'active' WHERE id = :run AND status = 'finished'""")
 def reactivate_run(session: Session, run_id: int) -> None:
     """A finished run that got new work (retry, a resubmit with new rows) is ``active`` again.
 
-    Call it last in the transaction that adds the batches: it locks the run's row to the COMMIT,
-    the last lock of that transaction (docs/ledger.md, "The commit path": one lock order).
+    Call it last in the transaction that adds the batches: the run's row is its last lock (docs/ledger.md).
     """
     session.execute(_LOCK_RUN_FOR_NEW_WORK, {"run": run_id})
     session.execute(_REACTIVATE, {"run": run_id})
 
 
-# "Drained": no batch of the run is planned, queued or running. An EXISTS on the partial index of
-# open batches (migration 0011), which stops at its first live entry; no counter row is read, so no
-# commit writes a row that every other commit of the run writes (issue 61).
-_ANY_OPEN = text("SELECT EXISTS (SELECT 1 FROM batches WHERE run_id = :run "
-                 "AND status IN ('planned', 'queued', 'running'))")
+# "Drained" is an EXISTS on the partial index of open batches (migration 0011): no counter row read.
+_OPEN = "EXISTS (SELECT 1 FROM batches WHERE run_id = :run AND status IN ('planned', 'queued', 'running'))"
 _LOCK_ACTIVE_RUN = text("SELECT 1 FROM runs WHERE id = :run AND status = 'active' FOR UPDATE")
-_FINISH_IF_DRAINED = _transition("runs", (_ACTIVE,), (_FINISHED,), """
-UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active'
-  AND NOT EXISTS (SELECT 1 FROM batches WHERE run_id = :run AND status IN ('planned', 'queued', 'running'))
-RETURNING id""")
+_FINISH_IF_DRAINED = _transition("runs", (_ACTIVE,), (_FINISHED,), f"""
+UPDATE runs SET status = 'finished' WHERE id = :run AND status = 'active' AND NOT {_OPEN} RETURNING id""")
 
 
 def finish_run_if_drained(session: Session, run_id: int) -> bool:
     """An active run with no batch left planned, queued or running is ``finished``. True if it was.
 
-    Call it in a transaction that began after the batches it closed were committed (a commit runs
-    it in a transaction of its own, after its COMMIT): of two commits that close the last two
-    batches, the check that runs last then sees both. Costs one index probe while the run has
-    open batches. Once it finds none, it locks the run's row (a submit or retry adding batches
-    holds it to their COMMIT: ``reactivate_run``) and looks again in a new snapshot.
+    Call it in a transaction begun after the commits that closed batches (a commit runs it after its
+    own): of two commits closing the last two batches, the later check sees both. One index probe
+    while batches are open; then the run's row is locked (``reactivate_run``) and looked at anew.
     """
-    if session.execute(_ANY_OPEN, {"run": run_id}).scalar():
+    if session.execute(text(f"SELECT {_OPEN}"), {"run": run_id}).scalar():
         return False
     if session.execute(_LOCK_ACTIVE_RUN, {"run": run_id}).first() is None:
         return False
     return session.execute(_FINISH_IF_DRAINED, {"run": run_id}).first() is not None
-
-
-_ACTIVE_RUNS = text("SELECT id FROM runs WHERE status = 'active' ORDER BY id")
-
-
-def finish_drained_runs(session: Session) -> list[int]:
-    """``finish_run_if_drained`` for every active run (the reconciler's pass): the runs it finished.
-
-    What a commit does after its COMMIT, for a worker that died in between, and for a run whose
-    last open batch died (failed its last attempt, or its lease expired) rather than committed.
-    """
-    return [run_id for (run_id,) in session.execute(_ACTIVE_RUNS).all() if finish_run_if_drained(session, run_id)]
 
 
 _PAUSE = _transition("runs", (_ACTIVE,), (_PAUSED,), """
