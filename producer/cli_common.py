@@ -62,6 +62,9 @@ _RUN_CONFIG_OPTIONS = (
                  "the model card's published values for the other)"),
     click.option("--sampling-no-thinking", default=None, help="JSON object of sampling values for samples "
                  "generated without thinking (--thinking off or mix), as above"),
+    click.option("--stop-loops", type=click.Choice(["on", "off"]), default=None, help="abort a generation once "
+                 "its recent tokens loop (the repetition_loop criterion, checked as it generates; its row is "
+                 "classified repetition_loop); off: every generation runs to its budget (default on)"),
     click.option("--on-tool-mismatch", type=click.Choice(["splice", "stop"]), default=None,
                  help="a call whose arguments differ from the source call's: splice the source's result anyway "
                  "(the row is flagged tool_args_differ) or stop the conversation at that call (default splice)"),
@@ -72,7 +75,8 @@ _RUN_CONFIG_OPTIONS = (
 RUN_CONFIG_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "thinking", "thinking_off_share",
                    "reasoning_parser", "tool_parser", "reasoning_effort", "preserve_thinking",
                    "preserve_thinking_share", "on_tool_mismatch", "mtp",
-                   "presence_penalty", "frequency_penalty", "sampling_thinking", "sampling_no_thinking")
+                   "presence_penalty", "frequency_penalty", "sampling_thinking", "sampling_no_thinking",
+                   "stop_loops")
 
 
 def run_config_options(command: Callable) -> Callable:

@@ -89,6 +89,9 @@ class RunConfig:
     #: The sampling of a ``--thinking mix`` run's samples generated without thinking, where it differs from
     #: ``sampling`` (the thinking samples'): producer/sampling_profiles.py. None: one sampling for every sample.
     no_thinking_sampling: dict | None = None
+    #: ``--stop-loops``: "on" aborts a generation once it meets the repetition criterion (worker/engine/
+    #: loop_watch.py), "off" lets it run to its budget. Recorded only when off: a default run's hash is unchanged.
+    stop_loops: str = "on"
     #: ``--mtp``: tokens the model's MTP head drafts a step (worker/engine/mtp.py), 0: off. Recorded only when on:
     #: a run without it keeps its record (and hash); with it a seed's draws differ, so its hash does too.
     mtp_tokens: int = 0
@@ -110,6 +113,7 @@ class RunConfig:
                 **(self.parsers.as_record() if self.parsers else {}), **harmony_keys, **history_keys,
                 **({"on_tool_mismatch": self.on_tool_mismatch} if self.on_tool_mismatch != "splice" else {}),
                 **({"sampling_no_thinking": self.no_thinking_sampling} if self.no_thinking_sampling else {}),
+                **({"stop_loops": self.stop_loops} if self.stop_loops != "on" else {}),
                 **({"mtp_tokens": self.mtp_tokens} if self.mtp_tokens else {})}
 
     def provenance(self) -> dict:
@@ -144,7 +148,8 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
                      preserve_thinking: str | None = None, preserve_thinking_share: float | None = None,
                      on_tool_mismatch: str | None = None, mtp: str | int | None = None,
                      sampling_thinking: str | None = None, sampling_no_thinking: str | None = None,
-                     presence_penalty: float | None = None, frequency_penalty: float | None = None) -> RunConfig:
+                     presence_penalty: float | None = None, frequency_penalty: float | None = None,
+                     stop_loops: str | None = None) -> RunConfig:
     if max_tokens <= 0:
         raise ConfigError("--max-tokens must be positive")
     if thinking is not None and thinking not in THINKING_MODES:
@@ -190,12 +195,14 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
     history_keys = _history_mode(resolved, template_format, thinking_arg, preserve_thinking, preserve_thinking_share)
     if on_tool_mismatch not in (None, "splice", "stop"):
         raise ConfigError("--on-tool-mismatch must be splice or stop")
+    if stop_loops not in (None, "on", "off"):
+        raise ConfigError("--stop-loops must be on or off")
     mtp_tokens = _mtp_tokens(resolved, mtp)
     return RunConfig(model=resolved, max_tokens=max_tokens, sampling=sampling, thinking=thinking,
                      thinking_off_share=share, seed=0 if seed is None else seed,
                      model_files=model_fingerprint(resolved), parsers=parsers, thinking_arg=thinking_arg,
                      on_tool_mismatch=on_tool_mismatch or "splice", mtp_tokens=mtp_tokens,
-                     no_thinking_sampling=no_thinking, **harmony_keys,
+                     no_thinking_sampling=no_thinking, stop_loops=stop_loops or "on", **harmony_keys,
                      **history_keys)
 
 

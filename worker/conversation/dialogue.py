@@ -25,6 +25,7 @@ from targets.call_ids import with_valid_ids
 from targets.parsing import ReasoningSplit, ToolCallParse
 from targets.turn_parsers import RegenQwenParser, TurnParser
 from worker.conversation.splice import call_name, splice_all, splice_some
+from worker.engine.loop_watch import LOOP_FINISH
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -244,6 +245,10 @@ class _Walk:
             return "truncated", None
         if generation.finish_reason == "abort":
             return "aborted", None
+        if generation.finish_reason == LOOP_FINISH:
+            # Stopped while generating: it met the repetition criterion (worker/engine/loop_watch.py); the row is
+            # classified repetition_loop by the same rule, at the length it had.
+            return f"repetition_loop: stopped at {len(generation.token_ids)} tokens", None
         if generation.finish_reason != "stop":
             return f"unexpected_finish: {generation.finish_reason}", None
         if parsed.errors:

@@ -14,10 +14,12 @@ import asyncio
 from typing import Any
 
 from ledger.hashing import history_kept, sample_seed, thinking_enabled
+from ledger.quality import Thresholds
 from targets.harmony import stop_ids as harmony_stop_ids
 from worker.conversation.dialogue import SampleError, regenerate_conversation
 from worker.conversation.rendering import Renderer
 from worker.engine.host import EngineDead, EngineHost
+from worker.engine.loop_watch import LoopWatch
 
 #: Sampling keys passed to vLLM's SamplingParams from the run's record. ``ignore_eos`` is
 #: never in a run regen submit builds (no option sets it, build_run_config leaves it out):
@@ -80,12 +82,20 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     budget = min(int(sampling["max_tokens"]), int(sample.get("max_tokens") or sampling["max_tokens"]))
 
     used = mode_sampling(sampling, thinking)   # the profile of this sample's thinking mode
+    # Loops stopped while generated (worker/engine/loop_watch.py), by the run's own repetition thresholds: on
+    # unless the run says --stop-loops off; only an engine that streams ids to a watch (EngineHost) takes one.
+    thresholds = Thresholds.from_json(run.get("quality_thresholds")) if sampling.get("stop_loops", "on") != "off" \
+        and getattr(engine, "watches_loops", False) else None
 
     async def generate(prompt_ids: list[int], turn: int):
         room = renderer.max_model_len - len(prompt_ids)
         params = engine_sampling(used, seed=sample_seed(run_seed, sid, turn),
                                  max_tokens=max(1, min(budget, room)))
-        return await engine.generate(prompt_ids, {**params, **stops})
+        if thresholds is None:
+            return await engine.generate(prompt_ids, {**params, **stops})
+        watch = LoopWatch(thresholds.repetition_ngram, thresholds.repetition_min_tokens,
+                          thresholds.repetition_max_share)
+        return await engine.generate(prompt_ids, {**params, **stops}, loop_watch=watch)
 
     row: dict[str, Any] = {
         # Whose row it is, beside provenance.config_hash: checked before a shard found at a batch's key is

@@ -30,6 +30,7 @@ from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.kv_tier import check_host_memory, keep_generated_blocks
 from worker.engine.loop import LoopHost
+from worker.engine.loop_watch import LOOP_FINISH, LoopWatch, stream_every
 from worker.engine.occupancy import REPORT_S, OccupancySampler
 from worker.engine.stats import SchedulerRecorder, attach, stats_wanted
 
@@ -122,6 +123,8 @@ class EngineDead(RegenError):
 
 @dataclass
 class EngineHost(LoopHost):
+    #: ``generate`` takes a ``loop_watch`` (worker/conversation/generation.py passes one only where this is true).
+    watches_loops = True
     model: str
     engine_args: dict[str, Any] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -212,33 +215,56 @@ class EngineHost(LoopHost):
             log.warning("vLLM %s is outside the releases regen supports (%s); it may work, untested",
                         vllm.__version__, SUPPORTED_VLLM)
 
-    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
-        """Generate one completion; runs on the engine loop. Cancelling it aborts the request."""
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any], *,
+                       loop_watch: LoopWatch | None = None) -> Generation:
+        """Generate one completion; runs on the engine loop. Cancelling it aborts the request.
+
+        With ``loop_watch`` the completion's ids arrive every ``LOOP_STREAM_TOKENS`` (vLLM's per-request
+        ``stream_interval``) and are fed to it; once it says the completion loops, the request is aborted and the
+        ids so far come back with ``finish_reason`` ``LOOP_FINISH`` (worker/engine/loop_watch.py).
+        """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = SamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY)
+        if loop_watch is None:
+            params = SamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY)
+        else:
+            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA, **stream_every(SamplingParams))
         request_id = f"r{os.getpid()}-{next(self._ids)}"
         budget = int(sampling.get("max_tokens") or max(1, self.max_model_len - len(prompt_token_ids)))
         self._asked(len(prompt_token_ids), budget)
         final = None
+        token_ids: list[int] = []
+        looped = False
+        stream = self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, request_id)
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, request_id):
+            async for out in stream:
                 final = out
+                if loop_watch is not None:
+                    delta = out.outputs[0].token_ids
+                    token_ids.extend(delta)
+                    if not out.finished and loop_watch.feed(delta):
+                        looped = True
+                        break
         except EngineDeadError as e:
             raise EngineDead(str(e)) from e
+        finally:
+            if looped:
+                await stream.aclose()   # vLLM aborts the request (AsyncLLM.generate's GeneratorExit)
         if final is None:
             raise EngineDead(f"engine returned no output for {request_id}")
         completion = final.outputs[0]
+        if loop_watch is None:
+            token_ids = list(completion.token_ids)
         if self.occupancy is not None:
-            self.occupancy.ended(len(completion.token_ids))
-        self._ended(len(final.prompt_token_ids or prompt_token_ids), len(completion.token_ids), budget)
+            self.occupancy.ended(len(token_ids))
+        self._ended(len(final.prompt_token_ids or prompt_token_ids), len(token_ids), budget)
         return Generation(
             prompt_token_ids=list(final.prompt_token_ids or prompt_token_ids),
-            token_ids=list(completion.token_ids),
-            finish_reason=completion.finish_reason or "abort",
-            stop_reason=completion.stop_reason,
+            token_ids=token_ids,
+            finish_reason=LOOP_FINISH if looped else completion.finish_reason or "abort",
+            stop_reason=None if looped else completion.stop_reason,
         )
 
     def _asked(self, prompt_tokens: int, budget: int) -> None:
