@@ -9,12 +9,15 @@ itself talks to moto directly.
 
 from __future__ import annotations
 
+import base64
+import getpass
 import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -36,6 +39,10 @@ from tests.support.s3_fault_proxy import FaultProxy
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 SECRET = "regen-secret-must-never-be-logged-" + uuid.uuid4().hex[:8]
+#: The ledger's and the broker's passwords, in the URLs the worker and the CLI are given: the session's
+#: Postgres trusts every connection (it ignores the password), and the broker's is an ACL user of its own.
+PG_SECRET = "regen-pg-secret-" + uuid.uuid4().hex[:8]
+BROKER_SECRET = "regen-broker-secret-" + uuid.uuid4().hex[:8]
 QUEUE = "faults"
 
 
@@ -53,7 +60,11 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
                  region_name="us-east-1").create_bucket(Bucket=bucket)
     proxy = FaultProxy(moto_server).start()
     settings = Settings(database_url=pg_database, redis_url=redis_server.url)
-    env = {**os.environ, **direct, "DATABASE_URL": pg_database, "REDIS_URL": redis_server.url, "PYTHONUNBUFFERED": "1",
+    broker_user = f"regen-faults-{uuid.uuid4().hex[:8]}"
+    admin = redis_lib.Redis.from_url(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", broker_user, "on", f">{BROKER_SECRET}", "~*", "&*", "+@all")
+    env = {**os.environ, **direct, "DATABASE_URL": _with_password(pg_database, PG_SECRET),
+           "REDIS_URL": _with_password(redis_server.url, BROKER_SECRET, user=broker_user), "PYTHONUNBUFFERED": "1",
            **TEST_ENGINE_ENV}
     worker = _start_worker(tmp, env, proxy, "f", QUEUE, "--model", str(tiny_model))
     engine = make_engine(settings)
@@ -72,6 +83,16 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        admin.execute_command("ACL", "DELUSER", broker_user)
+        admin.close()
+
+
+def _with_password(url: str, password: str, *, user: str | None = None) -> str:
+    """``url`` with ``password`` (and ``user``, or the URL's own, or the OS user libpq would take) in its user part."""
+    parts = urlsplit(url)
+    user = user or parts.username or getpass.getuser()
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
 def _start_worker(tmp, env: dict, proxy: FaultProxy, node: str, queue: str, *extra: str) -> WorkerProc:
@@ -342,15 +363,51 @@ def test_a_pickled_message_is_refused_and_secrets_appear_nowhere(farm):
                   queue=QUEUE, serializer="pickle")
     wait_for(lambda: "disallowed" in farm["worker"].log().lower(), timeout_s=30,
              what="the worker refusing a pickle message", interval_s=0.5)
+    # Something of its own in every place looked at, even when this test runs alone: a run the worker
+    # generates (ledger rows, its log), and one on a queue no worker reads (its messages stay in Redis).
+    _submit(farm, "secrets", 2, batch_size=2)
+    _submit(farm, "secrets-held", 2, batch_size=2, queue="secrets-held")
+    _wait_settled(farm, "secrets")
     with farm["sessions"]() as s:
         assert s.execute(text("SELECT count(*) FROM batches WHERE id = 999999")).scalar() == 0
-        ledger_text = " ".join(str(v) for row in s.execute(text(
-            "SELECT b.error, b.input_key, b.output_key, r.provenance::text, r.sampling::text FROM batches b "
-            "JOIN runs r ON r.id = b.run_id")) for v in row)
-    queued = b" ".join(redis_lib.Redis.from_url(farm["settings"].redis_url).lrange(QUEUE, 0, -1))
-    for where, blob in (("worker log", farm["worker"].log()), ("ledger", ledger_text), ("broker", queued.decode())):
-        assert SECRET not in blob, f"the S3 secret leaked into the {where}"
-        assert "faultkey" not in blob, f"the S3 access key leaked into the {where}"
+        ledger_text = " ".join(s.scalars(text(
+            "SELECT t::text FROM (SELECT to_jsonb(r) AS t FROM runs r UNION ALL SELECT to_jsonb(b) FROM batches b "
+            "UNION ALL SELECT to_jsonb(x) FROM samples x UNION ALL SELECT to_jsonb(j) FROM rejected_rows j) AS rows")))
+    assert "secrets-held" in ledger_text and '"status": "done"' in ledger_text
+    broker = _everything_in(redis_lib.Redis.from_url(farm["settings"].redis_url))
+    assert redis_lib.Redis.from_url(farm["settings"].redis_url).llen("secrets-held") == 1, "the held run's message"
+    log = farm["worker"].log()
+    assert "batch" in log and "committed" in log
+    secrets = {"S3 secret": SECRET, "S3 access key": "faultkey", "ledger password": PG_SECRET,
+               "broker password": BROKER_SECRET}
+    for where, blob in (("worker log", log), ("ledger", ledger_text), ("broker", broker)):
+        for what, secret in secrets.items():
+            assert secret not in blob, f"the {what} leaked into the {where}"
+
+
+def _everything_in(client: redis_lib.Redis) -> str:
+    """Every key of the broker's database and what it holds, as text."""
+    parts = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        value = {"string": lambda k: client.get(k), "list": lambda k: client.lrange(k, 0, -1),
+                 "hash": lambda k: client.hgetall(k), "set": lambda k: client.smembers(k),
+                 "zset": lambda k: client.zrange(k, 0, -1)}.get(kind, lambda k: b"")(key)
+        parts.append(f"{key!r} {value!r}")
+        for item in value if kind == "list" else ():
+            parts.append(_message_body(item))
+    return "\n".join(parts)
+
+
+def _message_body(raw: bytes) -> str:
+    """A kombu message's body, decoded: Redis holds it base64-encoded, where a plain search would miss a secret."""
+    try:
+        message = json.loads(raw)
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            return base64.b64decode(message["body"]).decode("utf-8", "replace")
+    except (ValueError, AttributeError, KeyError):
+        pass
+    return ""
 
 
 def test_an_engine_killed_like_an_oom_sends_its_batch_back_and_the_worker_restarts(farm, fault_report):
