@@ -96,13 +96,16 @@ def redis_server_binary() -> str:
 
 
 @contextlib.contextmanager
-def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = False) -> Iterator[tuple[str, bool]]:
+def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = False,
+                   leave_running: bool = False) -> Iterator[tuple[str, bool]]:
     """``(admin DSN, started)``: the server on 127.0.0.1:``port`` if one answers, else an embedded one.
 
     The embedded server keeps its data in ``data_folder_for(data_dir)`` (``data_dir``/pg, or as
     root a private folder under the system's temporary folder: local/postgres_install.py),
     reused by the next start when ``keep`` (the demo's rerun resumes its run), and listens on
     a Unix socket only, so it never takes a port from anyone. No folder outside those changes mode.
+    ``leave_running`` (with ``keep``): the server started here is not stopped at the end, so the
+    commands the demo prints next (``regen report``, ``regen export``) find their ledger.
     """
     if answers("127.0.0.1", port):
         yield f"postgresql://127.0.0.1:{port}/postgres", False
@@ -118,7 +121,7 @@ def local_postgres(data_dir: Path, *, port: int = DEFAULT_PG_PORT, keep: bool = 
     try:
         yield server.admin_dsn, True
     finally:
-        if started:
+        if started and not (keep and leave_running):
             server.stop()
         if started and not keep:  # never the data of a server someone else started and still runs
             shutil.rmtree(data if install.user is None else data.parent, ignore_errors=True)

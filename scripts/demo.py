@@ -63,17 +63,20 @@ def ensure_database(dsn: str) -> None:
 
 
 def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
-    """Point ``env`` at Postgres, Redis and S3, starting what is missing (stopped by ``stack``).
+    """Point ``env`` at Postgres, Redis and S3, starting what is missing.
 
-    Returns whether S3 is the demo's own (in memory: its objects go when the demo ends).
+    The Postgres and S3 started here keep running after the demo (local/demo_s3.py), so the
+    commands it prints next work; the Redis started here (only the worker needs it) is stopped by
+    ``stack``. Returns whether S3 is the demo's own.
     """
+    from local.demo_s3 import demo_s3
     from local.postgres_install import data_folder_for
-    from local.s3 import start_local_s3
+    from local.s3 import local_s3_env
     from local.services import local_postgres, local_redis, with_database
 
     said = []
     if "DATABASE_URL" not in env:
-        admin, started = stack.enter_context(local_postgres(LOCAL, keep=True))
+        admin, started = stack.enter_context(local_postgres(LOCAL, keep=True, leave_running=True))
         env["DATABASE_URL"] = with_database(admin, "regen")
         # As root its data is not in .regen-local/: the server's own user may not reach the clone.
         said.append(f"Postgres {f'started here ({data_folder_for(LOCAL)})' if started else 'on 127.0.0.1:5432'}")
@@ -86,16 +89,45 @@ def start_services(env: dict, stack: contextlib.ExitStack) -> bool:
         said.append(f"Redis {'started here on ' + url.split('//')[1].split('/')[0] if started else 'on 127.0.0.1:6379'}")
     else:
         said.append("Redis from REDIS_URL")
-    started_s3 = not env.get("AWS_ENDPOINT_URL")
-    if started_s3:
-        server = start_local_s3()
-        stack.callback(server.stop)
-        env.update(server.env())
-        said.append(f"S3 started here (moto, {env['AWS_ENDPOINT_URL']})")
+    own_s3 = not env.get("AWS_ENDPOINT_URL")
+    if own_s3:
+        endpoint, started = demo_s3(LOCAL)
+        env.update(local_s3_env(endpoint))
+        said.append(f"S3 {'started here' if started else 'of the last demo'} (moto, {endpoint}, kept running, "
+                    f"its objects recorded in {os.path.relpath(LOCAL, ROOT)}/)")
     else:
         said.append("S3 from AWS_ENDPOINT_URL")
     print("      " + "; ".join(said), flush=True)
-    return started_s3
+    return own_s3
+
+
+#: The variables the demo's commands need, written to ``.regen-local/demo.env`` for the next steps.
+ENV_KEYS = ("DATABASE_URL", "REDIS_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the next steps print it: relative to the checkout (where they run) when inside it."""
+    path = path.resolve()
+    return os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else str(path)
+
+
+def next_steps(run_name: str, env: dict, local: Path = LOCAL) -> list[str]:
+    """The commands to run after the demo, exactly as printed: from the checkout, in any shell.
+
+    Writes ``local/demo.env`` (the services' addresses and the demo S3's credentials), which the
+    first line sources: a new shell has none of the demo's environment. ``regen`` is the
+    virtualenv's, named by its path: nothing puts ``.venv/bin`` on the PATH.
+    """
+    import shlex
+
+    env_file = local / "demo.env"
+    env_file.write_text("".join(f"export {key}={shlex.quote(env[key])}\n" for key in ENV_KEYS if env.get(key)))
+    regen_bin = ".venv/bin/regen"
+    return [f"source {_shown(env_file)}",
+            f"{regen_bin} status --run {run_name}",
+            f"{regen_bin} report --run {run_name} --out {_shown(local / 'report')}",
+            f"{regen_bin} export --run {run_name} --format tokens --out {_shown(local / 'train')}"]
 
 
 def progress(run: dict, engine_ready: bool) -> str:
@@ -163,9 +195,10 @@ def main() -> None:
     output = f"s3://{args.bucket}/regen/{args.run}"
     log_path = LOCAL / "worker.log"
 
+    demo_started = time.monotonic()
     with contextlib.ExitStack() as stack:
         step(1, "services")
-        started_s3 = start_services(env, stack)
+        own_s3 = start_services(env, stack)
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env.get("AWS_DEFAULT_REGION"),
@@ -199,11 +232,13 @@ def main() -> None:
         step(6, f"regen status --run {args.run}")
         print(regen("status", "--run", args.run, env=env).rstrip())
         print(f"\noutputs: {output}/outputs/  (JSONL + zstd, one row per sample, at {env['AWS_ENDPOINT_URL']}"
-              + ("; the demo's moto S3 keeps them in memory until it ends: set AWS_ENDPOINT_URL to keep them)"
-                 if started_s3 else ")"))
-        print(f"report:  regen report --run {args.run} --out report/      export: regen export --run {args.run} "
-              "--format tokens --out train/")
+              + ("; the demo's S3 keeps running, and a rerun of the demo brings it back with its objects)"
+                 if own_s3 else ")"))
+        print(f"next, from {ROOT} (the report in .regen-local/report/index.html, training data in "
+              ".regen-local/train/):")
+        print("".join(f"  {line}\n" for line in next_steps(args.run, env)), end="")
         print(f"ledger:  psql '{env['DATABASE_URL']}' -c \"select status, count(*) from samples group by 1\"")
+        print(f"demo took {time.monotonic() - demo_started:.0f} s")
 
 
 if __name__ == "__main__":
