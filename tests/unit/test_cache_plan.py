@@ -229,3 +229,12 @@ def test_the_estimate_says_what_each_card_holds_of_the_samples_mean_sequence(tmp
     plan, blocks = plan_on_card(CONFIG, "H200")
     assert h200["sequences"] == round(blocks / (1 + 6), 1) == round(plan.sequences(blocks, 400), 1)
     assert "an H100 alone holds" in render_estimate(doc) and "147 MiB of state" in render_estimate(doc)
+
+
+def test_an_engine_running_in_float32_is_read_in_its_own_dtype():
+    # vLLM's CPU build may run a bf16 checkpoint in float32: its KV and conv state are then twice the config's.
+    cfg = _engine_config()
+    cfg.model_config.dtype = "torch.float32"
+    cfg.cache_config.mamba_ssm_cache_dtype = "float32"
+    shape = engine_plan(cfg).shape
+    assert shape.kv_bytes_per_token == 2 * 64 * 1024 and shape.conv_state_bytes == 10240 * 3 * 4

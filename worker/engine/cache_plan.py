@@ -67,14 +67,16 @@ class CacheShape:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], *, tp: int = 1, speculative_tokens: int = 0,
-                    kv_dtype_bytes: int | None = None) -> CacheShape:
-        """From a config.json's dict (a multimodal checkpoint's ``text_config`` is used).
+                    kv_dtype_bytes: int | None = None, dtype_bytes: int | None = None,
+                    ssm_dtype_bytes: int | None = None) -> CacheShape:
+        """From a config.json's dict (a multimodal checkpoint's ``text_config`` is used). ``dtype_bytes`` and
+        ``ssm_dtype_bytes``: what a built engine runs in, where it differs from the config (the CPU build).
 
         Raises:
             ValueError: a layer kind this model does not know, or a config without the sizes it needs.
         """
         c = text_config(config)
-        model_bytes = DTYPE_BYTES.get(str(c.get("torch_dtype") or c.get("dtype") or "bfloat16"), 2)
+        model_bytes = dtype_bytes or DTYPE_BYTES.get(str(c.get("torch_dtype") or c.get("dtype") or "bfloat16"), 2)
         layers = int(c["num_hidden_layers"])
         kinds = c.get("layer_types") or []
         if not kinds and c.get("full_attention_interval"):
@@ -98,7 +100,7 @@ class CacheShape:
         dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
         conv_dim = (2 * nk * dk + nv * dv) // tp
         conv = conv_dim * (int(c["linear_conv_kernel_dim"]) - 1 + speculative_tokens) * model_bytes
-        ssm_bytes = DTYPE_BYTES.get(str(c.get("mamba_ssm_dtype") or ""), model_bytes)
+        ssm_bytes = ssm_dtype_bytes or DTYPE_BYTES.get(str(c.get("mamba_ssm_dtype") or ""), model_bytes)
         ssm = (nv // tp) * dv * dk * ssm_bytes
         return cls(attention, kv_token, states, conv, ssm)
 
@@ -209,8 +211,11 @@ def engine_plan(vllm_config: Any) -> CachePlan | None:
         k = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
         tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
         kv_dtype = str(getattr(cache, "cache_dtype", "auto"))
+        dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.")
+        ssm = str(getattr(cache, "mamba_ssm_cache_dtype", "auto"))
         shape = CacheShape.from_config(config, tp=tp, speculative_tokens=k,
-                                       kv_dtype_bytes=None if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1))
+                                       kv_dtype_bytes=None if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1),
+                                       dtype_bytes=DTYPE_BYTES.get(dtype), ssm_dtype_bytes=DTYPE_BYTES.get(ssm))
         prefix = str(getattr(cache, "mamba_cache_mode", "none")) != "none"
         return CachePlan.of(shape, block_size=int(cache.block_size), prefix_caching=prefix,
                             speculative_tokens=k, aligned=True)
