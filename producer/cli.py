@@ -379,11 +379,19 @@ def export(run_names, fmt, out_dir, include_all, include, shard_size, tokenizer,
     with ledger(settings) as sessions:
         manifest = export_run(sessions, store(settings), list(run_names), fmt, out_dir, include_all=include_all,
                               include=tuple(include), shard_rows=shard_size, tokenizer=tokenizer,
-                              eval_share=eval_share, split_seed=split_seed, draft_vocab=draft_vocab)
+                              eval_share=eval_share, split_seed=split_seed, draft_vocab=draft_vocab,
+                              progress=lambda line: click.echo(f"export: {line}", err=True))
     fake = manifest.data.get("fake_rows_left_out") or 0
     if fake:
         click.echo(f"warning: {fake:,} samples made by the fake engine were left out (manifest: left_out.samples."
                    "fake_engine); `regen status` names the run's fake batches", err=True)
+    counts = manifest.data["counts"]
+    click.echo(f"exported {counts['samples']:,} samples as {counts['rows']:,} rows in {counts['shards']:,} files")
+    left = {reason: entry["count"] for group in manifest.data["left_out"].values() for reason, entry in group.items()
+            if entry["count"]}
+    if left:
+        click.echo("left out: " + ", ".join(f"{reason} {n:,}" for reason, n in left.items())
+                   + " (the manifest's left_out says why, and which --include keeps a class)")
     click.echo(f"export: {manifest.path}")
 
 

@@ -19,9 +19,9 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from ..run_config import RunConfig
 from . import arithmetic as em
 from .assumptions import assumptions
 from .options import EstimateOptions, ThroughputChoice
+from .probe_run import run_streaming, say
 from .sample import DrawnSample, draw_sample
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,14 @@ def run_probe_subprocess(drawn: DrawnSample, config: RunConfig, options: Estimat
             # a rate: half the probe's time (worker/engine/pilot.py).
             argv.append("--lengths-only")
         log.info("probe: %s", " ".join(argv))
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=options.probe_timeout_s,
-                                  cwd=Path(__file__).resolve().parents[2], env=os.environ.copy())
-        except subprocess.TimeoutExpired as e:
-            raise ProbeError(f"the probe took longer than {options.probe_timeout_s:.0f} s") from e
-        if proc.returncode != 0 or not out_path.exists():
-            raise ProbeError(f"the probe exited with {proc.returncode}:\n{probe_failure(proc.stdout + proc.stderr)}")
+        say(f"probe{' with MTP' if mtp else ''}: {drawn.size} conversations on the engine, "
+            "as the workers run them")
+        code, output = run_streaming(argv, timeout_s=options.probe_timeout_s,
+                                     cwd=Path(__file__).resolve().parents[2], env=os.environ.copy())
+        if code is None:
+            raise ProbeError(f"the probe took longer than {options.probe_timeout_s:.0f} s")
+        if code != 0 or not out_path.exists():
+            raise ProbeError(f"the probe exited with {code}:\n{probe_failure(output)}")
         return json.loads(out_path.read_text())
 
 
@@ -321,7 +323,11 @@ def estimate(paths: list[str], config: RunConfig, options: EstimateOptions) -> d
     options.throughput.check()
     if options.engines < 1:
         raise ConfigError("--gpus must be at least 1")
+    started = time.monotonic()
+    say(f"drawing a sample of {options.sample_size} from {', '.join(paths)}")
     drawn = draw_sample(paths, options.sample_size, seed=options.draw_seed)
+    say(f"drew {drawn.size} conversations of {drawn.population:,} in {len(drawn.strata)} strata "
+        f"({drawn.rows_read:,} rows read), {time.monotonic() - started:.0f} s")
     if drawn.population == 0:
         raise ConfigError(f"no valid rows in {', '.join(paths)} ({drawn.rejected} rejected)")
     if options.probe_results and Path(options.probe_results).exists():

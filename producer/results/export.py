@@ -26,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,8 @@ FORMATS = ("messages", "tokens")
 DEFAULT_SHARD_ROWS = {"messages": 10_000, "tokens": 2_000}
 DATA_DIR = "data"
 MANIFEST_FILE = "manifest.json"
+#: Seconds between two progress lines while output shards are read (and one after the last).
+PROGRESS_EVERY_S = 10.0
 _SUFFIX = {"messages": "parquet", "tokens": "jsonl"}
 #: The left-out reason of a fake engine's rows.
 FAKE = "fake_engine"
@@ -97,7 +101,8 @@ class _Wanted:
 def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: list[str], fmt: str,
                out_dir: str | Path, include_all: bool = False, include: tuple[str, ...] | list[str] = (),
                shard_rows: int | None = None, tokenizer: str | None = None, eval_share: float = 0.0,
-               split_seed: int | None = None, draft_vocab: int | None = None) -> Manifest:
+               split_seed: int | None = None, draft_vocab: int | None = None,
+               progress: Callable[[str], None] | None = None) -> Manifest:
     """Export the committed samples of ``run_names`` (one config hash) into ``out_dir``.
 
     Args:
@@ -112,6 +117,8 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         eval_share: Share of the samples held out in ``eval/`` (0: no split, files in ``data/``).
         split_seed: Seed of the split's hash (default: the first run's sampling seed).
         draft_vocab: Write d2t/t2d mappings for a draft vocabulary of this many tokens.
+        progress: gets a line every PROGRESS_EVERY_S while the output shards are read (``regen export``
+            prints them: an export of a large run reads for minutes).
 
     Raises:
         ConfigError: unknown format or class, a non-empty ``out_dir``, runs with different
@@ -166,8 +173,13 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     spill = out / ".spill"
     spill.mkdir()
     try:
-        for url, rows in read_shards(store, sorted(shas.items())):
+        said, started = time.monotonic(), time.monotonic()
+        for done, (url, rows) in enumerate(read_shards(store, sorted(shas.items())), 1):
             _spill_rows(spill, fmt, runs, plan[url], rows, kept, decode, tally)
+            if progress is not None and (time.monotonic() - said >= PROGRESS_EVERY_S or done == len(shas)):
+                said = time.monotonic()
+                progress(f"{done:,}/{len(shas):,} output shards read, {sum(tally.exported.values()):,} samples kept, "
+                         f"{sum(tally.left_out.values()):,} left out, {said - started:.0f} s")
         shards, totals = _write_shards(out, spill, fmt, n_shards, dirs)
         total_ids, total_counts = totals.pairs()
         token_total = stats.write_counts(out / stats.STATS_DIR / stats.TOTAL_FILE, total_ids, total_counts)

@@ -40,7 +40,13 @@ def test_estimate_generates_a_stratified_sample_and_extrapolates_with_intervals(
     output = f"{s3_bucket}/regen/planned"
     common = [str(SAMPLE), "--model", str(tiny_model), "--sample", "24", "--max-tokens", "48", "--seed", "7",
               "--engine-arg", "max_model_len=4096", "--probe-in-flight", "32", "--probe-results", str(probe_file)]
-    doc = json.loads(run_estimate([*common, "--json", "--output", output], estimate_env).stdout)
+    proc = run_estimate([*common, "--json", "--output", output], estimate_env)
+    doc = json.loads(proc.stdout)
+    # Said as it went, on stderr (stdout is the JSON): the draw, the engine's start, each phase of the probe.
+    said = [line for line in proc.stderr.splitlines() if line.startswith("estimate: ")]
+    for start in ("estimate: drew ", "estimate: probe: ", "estimate: engine ready in ", "estimate: samples: ",
+                  "estimate: settled: "):
+        assert any(line.startswith(start) for line in said), (start, said)
 
     # Counted like submit: 291 good rows, one repeats an id; 8 malformed rows.
     assert doc["rows"] == 290 and doc["rejected"] == 8 and doc["duplicates"] == 1

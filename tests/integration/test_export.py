@@ -85,8 +85,15 @@ def test_messages_export_has_one_row_per_done_sample_and_loads_with_datasets(ses
     assert manifest.data["left_out"]["samples"]["not_committed"]["count"] == 2
 
 
-def test_bad_classes_are_left_out_by_default_and_the_manifest_says_why(sessions, store, run, tmp_path):
-    manifest = export_run(sessions, store, ["exp"], "messages", tmp_path / "default")
+def test_bad_classes_are_left_out_by_default_and_the_manifest_says_why(sessions, store, run, tmp_path, settings,
+                                                                      s3_env, monkeypatch):
+    from producer.results import export
+
+    monkeypatch.setattr(export, "PROGRESS_EVERY_S", 0.0)  # a progress line per output shard
+    lines: list[str] = []
+    manifest = export_run(sessions, store, ["exp"], "messages", tmp_path / "default", progress=lines.append)
+    assert [line.split(", ")[0] for line in lines] == [f"{n}/3 output shards read" for n in (1, 2, 3)]
+    assert lines[-1].split(", ")[1:3] == ["7 samples kept", "7 left out"]
     import pyarrow.parquet as pq
 
     ids = [sid for f in manifest.files for sid in pq.read_table(f).column("sample_id").to_pylist()]
@@ -100,6 +107,16 @@ def test_bad_classes_are_left_out_by_default_and_the_manifest_says_why(sessions,
     with_stubs = export_run(sessions, store, ["exp"], "messages", tmp_path / "stubs", include=["stub_answer"])
     assert with_stubs.data["counts"]["samples_by_class"] == {"stub_answer": 2, "ok": 7}
     assert "stub_answer" not in with_stubs.data["left_out"]["samples"]
+
+    # regen export says the same: its progress on stderr, then what it wrote and left out, by reason.
+    out = helpers.run_cli(["export", "--run", "exp", "--format", "messages", "--out", str(tmp_path / "cli")],
+                          helpers.cli_env(settings, s3_env))
+    assert "export: 3/3 output shards read, 7 samples kept, 7 left out" in out.stderr
+    said = out.stdout.splitlines()
+    assert said[0] == "exported 7 samples as 7 rows in 1 files"
+    assert said[-1] == f"export: {tmp_path / 'cli' / 'manifest.json'}"
+    assert sorted(said[1].split(" (")[0].removeprefix("left out: ").split(", ")) == [
+        "failed 1", "not_committed 2", "stub_answer 2", "truncated_reasoning 2"]
 
 
 def test_tokens_rows_are_boundary_rows_straight_from_the_engine_ids(sessions, store, run, tmp_path, tiny_model):
@@ -419,3 +436,4 @@ def test_rows_generated_by_the_engine_are_classified_and_exported_for_the_consum
         f, None, chat_template=None, max_length=8192, is_preformatted=False, train_only_last_turn=False,
         cache_dir=None, cache_key=None, num_proc=None)) for f in manifest.files)
     assert accepted == len(exported) == manifest.data["counts"]["rows"]
+

@@ -51,6 +51,7 @@ from worker.engine.admission import HandedBack
 from worker.engine.args import parse_engine_args
 from worker.engine.host import EngineHost
 from worker.engine.mtp import AcceptanceRecorder, mtp_engine_args
+from worker.engine.probe_progress import ProbeProgress, announce
 from worker.engine.probe_timeline import POLL_S, drain_phase, full_engine_window, start_phase, window_rate
 from worker.engine.stats import attach
 
@@ -181,6 +182,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
     failed: set[int] = set()  # samples that failed (template error...): never repeated
     rng = random.Random(0)
     running: dict[asyncio.Future, int | None] = {}
+    progress = ProbeProgress(len(samples))
+    progress.phase("samples", f"{len(samples)} samples generating, {in_flight} conversations at a time")
 
     def start_next() -> bool:
         nonlocal repeats
@@ -207,6 +210,7 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
             now = time.monotonic() - t0
             timeline.append((now, read_generated()))
             peak = max(peak, engine.num_unfinished())
+            progress.tick(len(finished), len(running))
             for future in done:
                 key = running.pop(future)
                 (row,) = future.result()
@@ -226,10 +230,14 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         settled_from = time.monotonic() - t0
         tokens_by_last_sample = repeat_tokens + sum(r["usage"]["completion_tokens"] for r in rows.values())
         settled_until = (1 + settled_share) * settled_from
+        if running:
+            progress.phase("settled", f"every sample done; repeats keep the engine full until {settled_until:.0f} s, "
+                                      "the throughput measured meanwhile")
         while running and time.monotonic() - t0 < settled_until:
             done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             timeline.append((time.monotonic() - t0, read_generated()))
             peak = max(peak, engine.num_unfinished())
+            progress.tick(len(finished), len(running))
             for future in done:
                 running.pop(future)
                 (row,) = future.result()
@@ -247,6 +255,8 @@ async def probe_samples(engine: EngineHost, renderer: Renderer, samples: list[di
         # tail measured is the same one (bench/probe_drain.py compares the two).
         drain_started = time.monotonic() - t0
         drain_aborted = await engine.abort_unstarted() if measure_rate and running else 0
+        if running:
+            progress.phase("drain", f"nothing more starts; {len(running)} conversations finishing")
         while running:
             done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             timeline.append((time.monotonic() - t0, read_generated()))
@@ -327,7 +337,9 @@ def run_probe(samples: list[dict], run: dict, engine_args: dict[str, Any], in_fl
     check_settled_share(settled_share)
     engine = EngineHost(model=run["model"], engine_args=engine_args)
     load_start = time.monotonic()
+    announce(f"loading {run['model']} in the engine (minutes for a large model)")
     engine.start()
+    announce(f"engine ready in {time.monotonic() - load_start:.0f} s")
     acceptance = attach(engine._llm, AcceptanceRecorder()) if mtp else None
     try:
         load_s = time.monotonic() - load_start
