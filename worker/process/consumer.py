@@ -26,6 +26,7 @@ from worker.batches.task import register_tasks
 from worker.engine.args import parse_engine_args
 from worker.engine.host import expected_max_num_seqs
 from worker.measure import ledger_timing
+from worker.process import log_urls
 from worker.process.options import WorkerOptions
 from worker.process.orphans import LAUNCHER_PID_ENV
 from worker.process.runtime import WorkerRuntime
@@ -166,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
         runtime.close()
 
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_urls.install(settings.redis_url)  # kombu logs redis://:**@ for a Redis without a password
+
+    @signals.after_setup_logger.connect(weak=False)
+    def _on_celery_logging(logger=None, **_):
+        log_urls.install(settings.redis_url, logger)  # Celery's own handlers, set up after ours
+
     _exit_with_launcher(runtime)
     ledger_timing.install_from_env()  # a benchmark switch (bench/farm.py); off unless REGEN_LEDGER_TIMING is set
     runtime.start_heartbeats()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ledger.dispatch import DEFAULT_QUEUE
 from ledger.errors import ConfigError
+from worker.engine.build_errors import EXIT_ENGINE_NEVER_BUILDS
 from worker.process import reaper
 from worker.process.orphans import LAUNCHER_PID_ENV, die_with_parent
 from worker.process.reaper import TAG_ENV
@@ -227,6 +228,12 @@ class Launcher:
         ran_s = time.monotonic() - child.started_at
         child.proc = None
         if self.stopping:
+            return
+        if code == EXIT_ENGINE_NEVER_BUILDS:
+            # No restart builds it: the same args and files fail the same way (worker/engine/build_errors.py).
+            log.error("%s stopped: its engine can never be built (its last line says why); not restarting it",
+                      child.plan.name)
+            child.gave_up = True
             return
         child.quick_crashes = 0 if ran_s >= HEALTHY_AFTER_S else child.quick_crashes + 1
         if child.quick_crashes >= MAX_QUICK_CRASHES:

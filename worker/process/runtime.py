@@ -28,6 +28,7 @@ from worker.batches.hand_backs import HandBacks
 from worker.batches.held import HeldBatches
 from worker.conversation.rendering import Renderer
 from worker.engine.admission import ASSUMED_BATCH_SIZE
+from worker.engine.build_errors import never_builds
 from worker.engine.host import EngineHost
 from worker.engine.mtp import mtp_engine_args, mtp_tokens_of
 from worker.measure import ledger_timing
@@ -90,6 +91,8 @@ class WorkerRuntime:
         #: Why the engine could not be built, once it could not: later batches are refused at once, not after
         #: another load (minutes for a large model) that fails the same way.
         self._build_error: str | None = None
+        #: The one-line reason, where no retry could build it (worker/engine/build_errors.py): the process stops for good.
+        self.engine_never_builds: str | None = None
         #: The (batch, attempt)s in flight: what the heartbeat keeps, and which a newer attempt took over.
         self.held = HeldBatches()
         #: What this process handed back: not taken again at once, released however slow the ledger.
@@ -148,11 +151,20 @@ class WorkerRuntime:
             return self._engine, self._renderer
 
     def _build(self, engine: EngineHost) -> None:
-        """Start ``engine`` as the process's engine; a failure to build it is this worker's (EngineUnavailable)."""
+        """Start ``engine`` as the process's engine; a failure to build it is this worker's (EngineUnavailable).
+
+        One that no retry can mend (worker/engine/build_errors.py) also sets ``engine_never_builds``: the
+        process then exits with ``EXIT_ENGINE_NEVER_BUILDS``, which its launcher does not restart.
+        """
         try:
             engine.start()
         except Exception as e:
-            self._build_error = f"this worker could not build its engine for {engine.model}: {type(e).__name__}: {e}"
+            never = never_builds(e, engine.model)
+            if never is not None:
+                self.engine_never_builds = never
+                self._build_error = f"this worker's engine for {engine.model} can never be built: {never}"
+            else:
+                self._build_error = f"this worker could not build its engine for {engine.model}: {type(e).__name__}: {e}"
             with contextlib.suppress(Exception):  # what the failed build left running; the process exits next
                 engine.shutdown()
             raise EngineUnavailable(self._build_error) from e
