@@ -21,7 +21,7 @@ import pytest
 from tests.fixtures.model import VLLM_HINT
 from tests.support.helpers import require
 from worker.engine.cache_plan import (
-    CARD_MIB,
+    CARD_BYTES,
     CachePlan,
     CacheShape,
     card_kv_bytes,
@@ -171,7 +171,7 @@ def test_on_an_h100_the_27b_holds_what_vllm_plans(vllm_planner, prefix_caching, 
 
 def _holds_what_vllm_plans(vllm_planner, card: str, prefix_caching: bool, max_model_len: int) -> None:
     plan, blocks = plan_on_card(CONFIG, card, prefix_caching=prefix_caching)
-    available = card_kv_bytes(CARD_MIB[card], 2 * model_params(CONFIG))
+    available = card_kv_bytes(CARD_BYTES[card], 2 * model_params(CONFIG))
     vllm_block, vllm_blocks, vllm_tokens, vllm_sequences = vllm_planner(
         available=available, max_model_len=max_model_len, prefix_caching=prefix_caching)
     assert plan.block_size == vllm_block
@@ -185,7 +185,7 @@ def test_with_mtp_the_draft_layer_and_its_states_are_planned_as_vllm_plans(vllm_
     # each GDN layer's conv state grows a column, and each state group keeps one block more for the draft.
     plan, blocks = plan_on_card(CONFIG, "H200", speculative_tokens=1)
     assert (plan.shape.attention_layers, plan.group_size, plan.state_groups, plan.state_blocks) == (17, 17, 3, 3)
-    available = card_kv_bytes(CARD_MIB["H200"], 2 * model_params(CONFIG, mtp=True))
+    available = card_kv_bytes(CARD_BYTES["H200"], 2 * model_params(CONFIG, mtp=True))
     block, vllm_blocks, tokens, _ = vllm_planner(available=available, max_model_len=262144, prefix_caching=True, k=1)
     assert (plan.block_size, blocks, plan.tokens(blocks, 262144)) == (block, vllm_blocks, tokens)
 
@@ -194,16 +194,17 @@ def _engine_config(**cache):
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_text_config=SimpleNamespace(**CONFIG["text_config"])),
         cache_config=SimpleNamespace(**{"block_size": 784, "mamba_cache_mode": "align", "cache_dtype": "auto",
-                                        "num_gpu_blocks": 1572, **cache}),
+                                        "num_gpu_blocks": 1573, **cache}),
         parallel_config=SimpleNamespace(tensor_parallel_size=1), speculative_config=None)
 
 
 def test_the_engine_capacity_is_the_sequences_vllm_holds_not_its_blocks_slots():
-    # Where the engine does not report its own figure, the plan's is vLLM's (1,208,476 tokens on an H200,
-    # as test_on_an_h200... checks); blocks x block_size (1,232,448) counted the states' blocks as tokens.
+    # Where the engine does not report its own figure, the plan's is vLLM's (1,209,244 tokens for the 1,573
+    # blocks of an H200, as test_on_an_h200... checks); blocks x block_size (1,233,232) counted the states'
+    # blocks as tokens.
     capacity = engine_capacity(_engine_config(), 262144)
-    assert capacity.tokens == 1_208_476 != 1572 * 784
-    assert capacity.sequences == pytest.approx(1572 / (335 + 6))
+    assert capacity.tokens == 1_209_244 != 1573 * 784
+    assert capacity.sequences == pytest.approx(1573 / (335 + 6))
     assert "4.61 sequences of 262,144" in capacity.note() and "MiB of state a sequence" in capacity.note()
     assert capacity.record()["state_blocks_per_sequence"] == 6
     # vLLM's own figure, where the engine reports it to its client, is what is printed and recorded.

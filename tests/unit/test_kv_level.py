@@ -146,14 +146,14 @@ def test_fitting_level_bounds():
 
 
 def test_a_hybrids_states_lower_the_level_to_what_its_blocks_hold():
-    # Qwen3.6-27B on an H200 with prefix caching (tests/unit/test_cache_plan.py): 1,572 blocks of 784 tokens,
+    # Qwen3.6-27B on an H200 with prefix caching (tests/unit/test_cache_plan.py): 1,573 blocks of 784 tokens,
     # 6 of them a sequence's states. Without the states the cache looked like 1.23 M tokens for ~850-token
-    # requests: 1,304 of them, where the blocks hold 1,572 / (2 + 6) = 196 (issue 56).
-    slots, states = 1572 * 784, 6 * 784 + 784 / 2
+    # requests: 1,305 of them, where the blocks hold 1,573 / (2 + 6) = 196 (issue 56).
+    slots, states = 1573 * 784, 6 * 784 + 784 / 2
     dense_view = KvLevel(default_level=1536, kv_tokens=slots)
     hybrid = KvLevel(default_level=1536, kv_tokens=slots, per_sequence_tokens=states)
     for kv in (dense_view, hybrid):
         _asked(kv, 500, 100, 1500)
-    assert dense_view.level() == 1304
+    assert dense_view.level() == 1305
     assert hybrid.level() == int(slots * FILL / (850 + states)) == 186
     assert "of state" in hybrid.describe()

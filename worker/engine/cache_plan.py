@@ -225,13 +225,16 @@ def engine_plan(vllm_config: Any) -> CachePlan | None:
 
 #: vLLM's default share of a card (``gpu_memory_utilization``: 0.92 in 0.26 and 0.32).
 VLLM_GPU_SHARE = 0.92
-#: What a card's share spends beyond weights and cache (activations at the profiling batch, CUDA graphs,
-#: NCCL and the driver's non-torch memory): 4.1 GB on an H200 with the 32B shape, from its cache at two
-#: shares (275,264 tokens at 0.92, 292,432 at 0.95; worker/engine/gpu_memory.py). An assumption for the
-#: 27B hybrid until an engine's log on a GPU measures it (docs/performance.md, "The hybrid's memory").
-ENGINE_RESERVE_BYTES = 4_100_000_000
-#: Memory of the lent cards as nvidia-smi and torch report it (MiB).
-CARD_MIB = {"H200": 143_771, "H100": 81_559}
+#: A card's memory as vLLM sees it (torch's total, below nvidia-smi's 143,771 and 81,559 MiB), and what its
+#: share spends beyond weights and cache (activations at the profiling batch, CUDA graphs, non-torch memory).
+#: Both from caches measured at two shares of one card: the 32B shape on an H200, 275,264 tokens at 0.92 and
+#: 292,432 at 0.95 (worker/engine/gpu_memory.py), make 0.03 of the card 4.50 GB (a card of 150.02 GB) and
+#: leave 3.39 GB beside 62.47 GB of weights; the 8B shape on an H100, 422,656 and 439,952 tokens
+#: (docs/results/h100-gpu-block-size-8b-2026-12-06.txt), a card of 85.01 GB and 1.95 GB beside 13.9 GB.
+#: The 32B's reserve (hidden 5,120, as the 27B's) stands for the 27B hybrid on both cards: an assumption
+#: until an engine's log on a GPU measures it (docs/performance.md, "The hybrid's memory").
+ENGINE_RESERVE_BYTES = 3_390_000_000
+CARD_BYTES = {"H200": 150_016_000_000, "H100": 85_013_000_000}
 
 
 def model_params(config: dict[str, Any], *, mtp: bool = False) -> int:
@@ -263,19 +266,19 @@ def model_params(config: dict[str, Any], *, mtp: bool = False) -> int:
     return layers + embed + extra
 
 
-def card_kv_bytes(card_mib: float, weight_bytes: int, *, share: float = VLLM_GPU_SHARE,
+def card_kv_bytes(card_bytes: float, weight_bytes: int, *, share: float = VLLM_GPU_SHARE,
                   reserve_bytes: int = ENGINE_RESERVE_BYTES) -> int:
     """Bytes vLLM gives its cache on a card: its share of the card less weights and the engine's reserve."""
-    return max(0, int(card_mib * 2**20 * share) - int(weight_bytes) - int(reserve_bytes))
+    return max(0, int(card_bytes * share) - int(weight_bytes) - int(reserve_bytes))
 
 
 def plan_on_card(config: dict[str, Any], card: str, *, share: float = VLLM_GPU_SHARE, prefix_caching: bool = True,
                  speculative_tokens: int = 0) -> tuple[CachePlan, int]:
-    """The plan and its blocks for ``config`` alone on one ``card`` (a :data:`CARD_MIB` key), bf16 weights."""
+    """The plan and its blocks for ``config`` alone on one ``card`` (a :data:`CARD_BYTES` key), bf16 weights."""
     shape = CacheShape.from_config(config, speculative_tokens=speculative_tokens)
     plan = CachePlan.of(shape, prefix_caching=prefix_caching, speculative_tokens=speculative_tokens)
     weights = 2 * model_params(config, mtp=speculative_tokens > 0)
-    return plan, plan.num_blocks(card_kv_bytes(CARD_MIB[card], weights, share=share))
+    return plan, plan.num_blocks(card_kv_bytes(CARD_BYTES[card], weights, share=share))
 
 
 @dataclass(frozen=True)
@@ -333,7 +336,7 @@ def card_capacity(config: dict[str, Any], tokens: int, *, speculative_tokens: in
     """For the estimate: on each lent card alone, at vLLM's default share, the sequences of ``tokens`` the
     cache holds and what one costs (the model's bf16 weights; an assumption until a GPU's log measures it)."""
     out: dict[str, dict[str, Any]] = {}
-    for card in CARD_MIB:
+    for card in CARD_BYTES:
         plan, blocks = plan_on_card(config, card, prefix_caching=prefix_caching, speculative_tokens=speculative_tokens)
         out[card] = {"sequences": round(plan.sequences(blocks, tokens), 1), "blocks": blocks,
                      "block_size": plan.block_size, "tokens_per_sequence": int(tokens),
