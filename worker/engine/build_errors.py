@@ -44,9 +44,13 @@ def one_line(error: BaseException, *, limit: int = 400) -> str:
         except Exception:  # noqa: BLE001 - not pydantic's shape after all; the message below says it
             text = ""
         if text:
-            return _clip(text, limit)
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return _clip(lines[0] if lines else type(error).__name__, limit)
+            return _first_line(text, limit)
+    return _first_line(str(error), limit) or type(error).__name__
+
+
+def _first_line(text: str, limit: int) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return _clip(lines[0], limit) if lines else ""
 
 
 def never_builds(error: BaseException, model: str) -> str | None:
