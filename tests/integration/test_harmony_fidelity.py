@@ -128,7 +128,7 @@ def test_plain_submit_on_the_published_template_records_the_harmony_path(tiny_gp
     assert (run.sampling["chat_format"], run.sampling["reasoning_effort"]) == ("harmony", "medium")
     assert run.provenance["harmony_start_date"] == DATE
     refused = run_cli(["submit", str(data), "--run", "p-off", "--model", str(tiny_gpt_oss), "--output",
-                       f"{s3_bucket}/p", "--queue", "nobody", "--thinking", "off"], env, check=False)
+                       f"{s3_bucket}/p-off", "--queue", "nobody", "--thinking", "off"], env, check=False)
     assert refused.returncode == 2 and "Harmony, which always reasons" in refused.stderr
 
 
