@@ -36,6 +36,8 @@ POLL_S = 0.5
 #: engine) before handing it back: long enough not to spin on the queue, short enough that the
 #: message soon reaches a worker that can run it.
 REFUSED_PAUSE_S = 5.0
+#: The lease a claim judges others' by while the ledger is not steady: none is old enough to take over.
+NO_TAKEOVER_LEASE_S = 10 * 365 * 24 * 3600.0
 
 
 class Requeue(RegenError):
@@ -72,7 +74,10 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         rt.shutting_down.wait(min(wait_s, POLL_S))
         raise Requeue("handed back by this worker within the last probe period")
     fake = bool(rt.options.fake_engine)
-    claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=rt.options.lease_s, fake=fake)
+    # An expired lease is taken over only while this process's heartbeats show the ledger steady
+    # for a lease (worker/process/heartbeat.py): just back from a stall, every lease looks expired.
+    lease_s = rt.options.lease_s if rt.heartbeat.ledger_steady() else NO_TAKEOVER_LEASE_S
+    claim = claim_batch(rt.sessions, msg.batch_id, worker=rt.options.name, lease_s=lease_s, fake=fake)
     if claim.outcome is ClaimOutcome.NOT_BENCHMARK:
         # A fake engine makes random token ids: it serves runs submitted with --benchmark only. Nothing
         # was claimed (no attempt, no failure); the message goes back for a real worker.

@@ -133,9 +133,9 @@ def renew_leases(sessions: sessionmaker[Session], held: Collection[tuple[int, in
     """Refresh the lease of every (batch, attempt) held that no one has locked; return the attempts no longer ours.
 
     Pairs, not a batch's one attempt: a process may hold two attempts of one batch (worker/batches/held.py).
+    Run with nothing held as well: a beat that landed is the process's evidence that the ledger answers
+    (worker/process/heartbeat.py ``ledger_steady``).
     """
-    if not held:
-        return set()
     pairs = sorted(held)
     with sessions.begin() as s:
         ours = s.execute(_HEARTBEAT, {"ids": [b for b, _ in pairs], "attempts": [a for _, a in pairs]}).all()

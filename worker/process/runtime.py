@@ -98,7 +98,7 @@ class WorkerRuntime:
         #: What this process handed back: not taken again at once, released however slow the ledger.
         self.hand_backs = HandBacks(settings.redis_url, worker=options.name, probe_period_s=options.heartbeat_s)
         self.heartbeat = Heartbeat(self.liveness_sessions, self.held, self.hand_backs, period_s=options.heartbeat_s,
-                                   stop=self.shutting_down)
+                                   lease_s=options.lease_s, stop=self.shutting_down)
         #: Guards the process-wide flags and counters below, set by many task threads.
         self._flags_lock = threading.Lock()
         self._shutdown_at: float | None = None
@@ -236,7 +236,8 @@ class WorkerRuntime:
                                        reconcile_once, self.sessions, app, lease_s=self.options.lease_s,
                                        max_attempts=self.options.max_attempts,
                                        grace_s=self.options.requeue_grace_s, window=self.settings.queue_window,
-                                       min_interval_s=0.8 * self.options.reconcile_s, worker=self.options.name)
+                                       min_interval_s=0.8 * self.options.reconcile_s, worker=self.options.name,
+                                       may_expire=self.heartbeat.ledger_steady)
                 except Exception as e:  # noqa: BLE001 - the next pass retries; an outage must not kill the thread
                     log.warning("reconciler pass failed: %s: %s", type(e).__name__, e)
 
