@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from ledger.dispatch import make_celery
-from ledger.errors import StoreError
+from ledger.errors import ConfigError, StoreError
 from ledger.objects import ObjectStore
 from ledger.settings import Settings
 from producer.run_config import build_run_config
@@ -171,13 +171,23 @@ def test_a_submit_whose_store_or_broker_fails_after_the_checks_leaves_no_run(set
 
 
 def test_a_new_run_on_another_runs_output_prefix_is_refused_naming_that_run(settings, s3_env, s3_bucket, sessions,
-                                                                           existing, submit_args):
-    env = cli_env(settings, s3_env)
-    # The same prefix, one inside it, or one around it: the new run would find "kept"'s shards at its keys.
-    for url in (f"{s3_bucket}/kept", f"{s3_bucket}/kept/inner", s3_bucket):
-        line = _refused(submit_args("y7", **{"--output": url}), env)
-        assert f"overlaps the output of run kept ({s3_bucket}/kept)" in line, url
-        assert "give run 'y7' an --output prefix of its own" in line
-        assert _runs(sessions) == existing
+                                                                           existing, submit_args, model_folder,
+                                                                           tmp_path):
+    # The same prefix, as a user types it: one line naming the run, nothing created.
+    line = _refused(submit_args("y7", **{"--output": f"{s3_bucket}/kept"}), cli_env(settings, s3_env))
+    assert f"overlaps the output of run kept ({s3_bucket}/kept)" in line
+    assert "give run 'y7' an --output prefix of its own" in line
+    assert _runs(sessions) == existing
+    # Inside it or around it (in process: a CLI call costs seconds): the new run would find "kept"'s shards.
+    data, config = _write(tmp_path / "b.jsonl"), build_run_config(str(model_folder("m")), max_tokens=64)
+
+    def submit(output: str):
+        return submit_run(sessions, make_celery(settings), ObjectStore(), [str(data)], run_name="y7", config=config,
+                          output_url=output, batch_size=2, queue="regen")
+
+    for output in (f"{s3_bucket}/kept/inner", s3_bucket):
+        with pytest.raises(ConfigError, match=f"overlaps the output of run kept \\({s3_bucket}/kept\\)"):
+            submit(output)
+    assert _runs(sessions) == existing
     # A sibling whose name merely starts alike is a prefix of its own.
-    assert "run y7 (created)" in run_cli(submit_args("y7", **{"--output": f"{s3_bucket}/kept2"}), env).stdout
+    assert submit(f"{s3_bucket}/kept2").created
