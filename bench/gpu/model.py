@@ -4,6 +4,7 @@
     python -m bench.gpu.model .gpu-carry/q32b --shape 32b    # the seed's regime (issue 31)
     python -m bench.gpu.model .gpu-carry/q36 --shape q36     # the users' target: Qwen3.6-27B's hybrid text model
     python -m bench.gpu.model .gpu-carry/q36m --shape q36-mtp  # the same under the published top-level config
+    python -m bench.gpu.model /tmp/q36m --shape q36-mtp --nest-from .gpu-carry/q36   # that, from a q36 (no build)
 
 Built here (seconds) and carried (a few hundred KB): the tiny random model's
 tokenizer, chat template and generation config, with a config.json of Qwen3-8B's
@@ -75,10 +76,25 @@ def build(out_dir: str | Path, shape: str = "8b") -> Path:
     else:
         config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]  # one per layer
     if shape in NESTED:
-        text = {k: v for k, v in config.items() if k not in ("architectures", "transformers_version")}
-        config = {"architectures": config["architectures"], "model_type": "qwen3_5", "text_config": text,
-                  "tie_word_embeddings": text["tie_word_embeddings"], "vocab_size": text["vocab_size"]}
+        config = nested(config)
     (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def nested(text_config: dict) -> dict:
+    """A text model's config.json under the published top-level one (model type ``qwen3_5``), same architecture."""
+    text = {k: v for k, v in text_config.items() if k not in ("architectures", "transformers_version")}
+    return {"architectures": text_config["architectures"], "model_type": "qwen3_5", "text_config": text,
+            "tie_word_embeddings": text["tie_word_embeddings"], "vocab_size": text["vocab_size"]}
+
+
+def nest_copy(text_dir: str | Path, out_dir: str | Path) -> Path:
+    """``text_dir``'s model with its config nested (:func:`nested`): where no tiny model can be built (the GPU
+    machine), the q36-mtp form from a carried q36 folder."""
+    out = Path(out_dir)
+    shutil.copytree(text_dir, out, dirs_exist_ok=True)
+    (out / "config.json").write_text(json.dumps(nested(json.loads((Path(text_dir) / "config.json").read_text())),
+                                                indent=1))
     return out
 
 
@@ -88,5 +104,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m bench.gpu.model", description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", default=".gpu-carry/q8b")
     p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    p.add_argument("--nest-from", metavar="DIR", help="q36-mtp only: copy this q36 folder, its config nested")
     args = p.parse_args()
-    print(build(args.out, args.shape))
+    print(nest_copy(args.nest_from, args.out) if args.nest_from else build(args.out, args.shape))

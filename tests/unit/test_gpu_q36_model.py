@@ -52,3 +52,12 @@ def test_break_even_interpolates_where_the_speedup_crosses_one():
     assert break_even({0.6: 0.8, 0.75: 1.1, 0.9: 1.3}) == "pays above ~0.70"
     assert break_even({0.6: 1.05, 0.75: 1.2}).startswith("pays at every rate")
     assert break_even({0.6: 0.7, 0.9: 0.95}) == "does not pay up to 0.9"
+
+
+def test_the_nested_form_made_from_a_q36_folder_is_the_built_one(q36_models, tmp_path):
+    from bench.gpu.model import nest_copy
+
+    text, nested = q36_models
+    copy = nest_copy(text, tmp_path / "copy")
+    assert json.loads((copy / "config.json").read_text()) == json.loads((nested / "config.json").read_text())
+    assert (copy / "tokenizer.json").read_bytes() == (text / "tokenizer.json").read_bytes()
