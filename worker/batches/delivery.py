@@ -21,10 +21,12 @@ from ledger.quality import Thresholds, classify_sample, enforce_gate
 from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
 from ledger.states import refused_reason
 from targets.turn_parsers import ParserUnavailable
+from worker.batches.crashes import read_flight, record_engine_death
 from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
 from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
 from worker.engine.host import EngineDead
+from worker.engine.isolation import Flight
 from worker.measure import ledger_timing
 from worker.process.runtime import EngineUnavailable, NotBenchmark, WorkerRuntime, WrongModel
 
@@ -102,8 +104,9 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
     attempt, run, where = claim.attempt, claim.run, claim.input
     assert run is not None and where is not None
     log.info("batch %s (run %s, seq %s) attempt %s started", msg.batch_id, run["name"], msg.seq, attempt)
+    flight = Flight()  # its conversations on the engine, should the engine die under them
     try:
-        return _generate_upload_commit(rt, msg, run, attempt, where)
+        return _generate_upload_commit(rt, msg, run, attempt, where, flight)
     except _Preempted:
         # Within the shutdown's hand-back time, on the heartbeat's connection (the heartbeat has
         # stopped): the reaper's SIGKILL must not find a release half done.
@@ -144,14 +147,13 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         rt.request_exit(str(e))
         raise Requeue(str(e)) from e
     except EngineDead as e:
-        # Every batch in flight sees the death; only the first is charged a failure
-        # (a batch that kills the engine every time still dies after max attempts),
-        # the others are handed back untouched.
+        # Every batch in flight sees the death, and none is charged for it (issue 58): each records
+        # its conversations in flight as suspects and is handed back. A suspect runs isolated next
+        # time, and one isolated at two deaths is failed alone as engine_crash (ledger/crash_suspects.py).
+        record_engine_death(rt.sessions, msg.batch_id, flight, worker=rt.options.name)
+        _hand_back(rt, msg.batch_id, attempt, f"handed back: the engine died ({e})")
         if rt.first_to_see_engine_death():
-            _record_failure(rt, msg, attempt, f"engine died: {e}")
             rt.request_exit("the engine died")
-        else:
-            _hand_back(rt, msg.batch_id, attempt, "handed back: the engine died")
         raise Requeue("engine died") from e
     except StoreError as e:
         status = _record_failure(rt, msg, attempt, f"object store ({'transient' if e.transient else 'permanent'}"
@@ -227,15 +229,17 @@ def _wait(rt: WorkerRuntime, batch_id: int, attempt: int, future: concurrent.fut
             return future.result(timeout=POLL_S)
         except concurrent.futures.TimeoutError:
             pass
+        # The engine's death first: the first batch to see it stops the process, and the others
+        # must still be told apart from a shutdown's hand-backs (their samples are suspects).
+        if engine is not None and not engine.alive:
+            future.cancel()
+            raise EngineDead("engine is no longer running")
         if rt.shutting_down.is_set():
             future.cancel()
             raise _Preempted()
         if rt.held.is_lost(batch_id, attempt):
             future.cancel()
             raise _Fenced()
-        if engine is not None and not engine.alive:
-            future.cancel()
-            raise EngineDead("engine is no longer running")
 
 
 def _check_own_shard(rt: WorkerRuntime, batch_id: int, run: dict, rows: list[dict], out_url: str) -> None:
@@ -252,7 +256,7 @@ def _check_own_shard(rt: WorkerRuntime, batch_id: int, run: dict, rows: list[dic
 
 
 def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int,
-                            where: InputSlice) -> Outcome:
+                            where: InputSlice, flight: Flight) -> Outcome:
     out_url = output_shard_url(run["output_url"], msg.seq)
     provenance = None
     existing = rt.store.head(out_url)
@@ -277,7 +281,11 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # What the engine was built with (worker/engine/host.py's settings): the run's record of
         # regen's choices (the admission watermark) and the user's --engine-args, beside the release.
         provenance["engine_settings"] = engine.settings()
-        future = engine.submit(generate_batch(engine, renderer, samples, run_ctx))
+        suspects = read_flight(rt.sessions, msg.batch_id)
+        flight.isolate, flight.condemned = suspects.isolate, suspects.condemned
+        if not engine.alive:  # died under another batch since: this one's conversations never started
+            raise EngineDead("engine is no longer running")
+        future = engine.submit(generate_batch(engine, renderer, samples, run_ctx, flight))
         rows = _wait(rt, msg.batch_id, attempt, future)
         if rt.held.is_lost(msg.batch_id, attempt):
             raise _Fenced()

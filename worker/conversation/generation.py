@@ -19,6 +19,7 @@ from targets.harmony import stop_ids as harmony_stop_ids
 from worker.conversation.dialogue import SampleError, regenerate_conversation
 from worker.conversation.rendering import Renderer
 from worker.engine.host import EngineDead, EngineHost
+from worker.engine.isolation import Flight, isolation_lock
 from worker.engine.loop_watch import LoopWatch
 
 #: Sampling keys passed to vLLM's SamplingParams from the run's record. ``ignore_eos`` is
@@ -139,19 +140,62 @@ async def generate_sample(engine: EngineHost, renderer: Renderer, sample: dict, 
     return row
 
 
-async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict) -> list[dict]:
-    """All samples of one batch, each once admitted. Raises EngineDead if the engine fails."""
+def engine_crash_row(sample: dict, run: dict, crashes: int, *, fake: bool = False) -> dict:
+    """The failed row of a sample found to kill the engine (ledger/crash_suspects.py): not run again."""
+    from ledger.crash_suspects import ENGINE_CRASH, ISOLATED_CRASHES_TO_FAIL
+
+    detail = (f"the engine died with this sample in flight {crashes} times, {ISOLATED_CRASHES_TO_FAIL} of them "
+              "as the only suspect in flight on its engine")
+    row = {"run": run.get("name"), "sample_id": sample["sample_id"], "source": sample.get("source"),
+           "input_messages": sample["messages"], "tools": sample.get("tools"), "thinking": False,
+           "model": run["model"], "sampling": run["sampling"], "provenance": run["provenance"], "parser": None,
+           "status": "failed", "error": {"reason": ENGINE_CRASH, "detail": detail}, "messages": None, "events": [],
+           "finish_reason": None, "stop_reason": None, "turns": 0, "tool_calls": 0, "tool_args_differ": 0,
+           "usage": {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "answer_tokens": 0}}
+    if fake:
+        from worker.engine.fake import FAKE_ENGINE_VERSION
+
+        row["fake_engine"] = FAKE_ENGINE_VERSION
+    return row
+
+
+async def generate_batch(engine: EngineHost, renderer: Renderer, samples: list[dict], run: dict,
+                         flight: Flight | None = None) -> list[dict]:
+    """All samples of one batch, each once admitted. Raises EngineDead if the engine fails.
+
+    ``flight`` (worker/engine/isolation.py): its condemned samples become failed rows, its
+    suspects run isolated, and it says which conversations were in flight should the engine die.
+    """
     ticket = engine.new_batch_ticket()
+    flight = flight if flight is not None else Flight()
 
     fake = getattr(engine, "fake", False)  # worker/engine/fake.py: a benchmark device, no vLLM
 
-    async def admitted(index: int, sample: dict) -> dict:
+    async def on_engine(index: int, sample: dict, *, isolated: bool) -> dict:
+        sid = sample["sample_id"]
         async with engine.admission.slot((ticket, index)):
+            flight.started.add(sid)
+            if isolated:
+                flight.isolated.add(sid)
             if fake:
                 from worker.engine.fake import fake_sample
 
-                return await fake_sample(engine, sample, run)
-            return await generate_sample(engine, renderer, sample, run)
+                row = await fake_sample(engine, sample, run)
+            else:
+                row = await generate_sample(engine, renderer, sample, run)
+            # Only once it ended: a conversation an engine death unwinds stays in flight, a suspect.
+            flight.started.discard(sid)
+            flight.isolated.discard(sid)
+            return row
+
+    async def admitted(index: int, sample: dict) -> dict:
+        sid = sample["sample_id"]
+        if sid in flight.condemned:
+            return engine_crash_row(sample, run, flight.condemned[sid], fake=fake)
+        if sid in flight.isolate:
+            async with isolation_lock(engine):
+                return await on_engine(index, sample, isolated=True)
+        return await on_engine(index, sample, isolated=False)
 
     tasks = [asyncio.ensure_future(admitted(i, s)) for i, s in enumerate(samples)]
     try:

@@ -68,12 +68,15 @@ class FakeEngineSpec:
     #: The most a sequence speeds up when the engine runs fewer than ``seqs`` (1: a fixed rate).
     solo: float = 1.0
     max_model_len: int = 1 << 20
+    #: A test's poison: the engine dies (its loop stops, as a crashed vLLM's engine core) when a
+    #: conversation whose messages contain this text starts. Empty: never.
+    die_on: str = ""
 
     @classmethod
     def parse(cls, text: str) -> FakeEngineSpec:
         """``key=value,...`` with keys tok_s, seqs, mean, sigma, gpus, solo (any left out keeps its default)."""
         kinds = {"tok_s": float, "seqs": int, "mean": float, "sigma": float, "gpus": int, "max_model_len": int,
-                 "solo": float}
+                 "solo": float, "die_on": str}
         values: dict[str, Any] = {}
         for part in (p.strip() for p in text.split(",") if p.strip()):
             key, sep, value = part.partition("=")
@@ -206,6 +209,14 @@ class FakeEngineHost(LoopHost):
     def num_unfinished(self) -> int:
         return self.admission.admitted if self.admission else 0
 
+    async def die(self) -> None:
+        """Stop the engine's loop, as a crashed engine core stops answering: nothing on it runs again."""
+        log.error("FAKE ENGINE: dying on a poison prompt (die_on=%r)", self.spec.die_on)
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
+        await asyncio.Event().wait()  # never resumes: the loop has stopped
+
     async def answer(self, budget: int) -> list[int]:
         n = self.spec.length(self._rng, budget)
         await self._decode.run(n)
@@ -238,6 +249,8 @@ async def fake_sample(engine: FakeEngineHost, sample: dict, run: dict) -> dict:
     """One output row as worker/conversation/generation.py writes it, with a single answer of fake token ids."""
     sampling = run["sampling"]
     budget = min(int(sampling["max_tokens"]), int(sample.get("max_tokens") or sampling["max_tokens"]))
+    if engine.spec.die_on and any(engine.spec.die_on in str(m.get("content")) for m in sample["messages"]):
+        await engine.die()
     ids = await engine.answer(budget)
     prompt = [1, 2, 3]
     finish = "length" if len(ids) >= budget else "stop"
