@@ -221,6 +221,9 @@ def main() -> None:
         lines = submitted.strip().splitlines()
         print("      " + lines[0][:200], flush=True)
         print("".join(f"      {line}\n" for line in lines if line.startswith("parsers:")), end="", flush=True)
+        # The sample's malformed rows, as submit shows them (file:row reason detail).
+        shown = next((i for i, line in enumerate(lines) if line.startswith("rejected rows")), len(lines))
+        print("".join(f"      {line}\n" for line in lines[shown:]), end="", flush=True)
         step(5, f"regen worker --gpus none   (log: {os.path.relpath(log_path, ROOT)})")
         with open(log_path, "w") as log:
             worker = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--gpus", "none",
