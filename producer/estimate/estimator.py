@@ -145,7 +145,9 @@ def mtp_probe(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -
         return run_probe_subprocess(drawn, config, options, mtp=options.mtp or DEFAULT_MTP_TOKENS)
     except ProbeError as e:
         causes = [line.strip() for line in str(e).splitlines() if re.search(r"(Error|Exception): ", line)]
-        return {"error": (causes[0] if causes else str(e).splitlines()[0])[:300]}
+        first = causes[0] if causes else str(e).splitlines()[0]
+        cause = re.search(r"\b\w*(Error|Exception): .*", first)  # past vLLM's "(Worker pid=..) ERROR ..." prefix
+        return {"error": (cause.group(0) if cause else first).strip()[:300]}
 
 
 def probe_failure(output: str | None, *, tail_chars: int = 2000, max_causes: int = 8) -> str:

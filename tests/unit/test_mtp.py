@@ -102,11 +102,11 @@ def test_where_the_engine_cannot_run_mtp_the_estimate_says_so_and_prices_without
 
     monkeypatch.setattr(estimator, "run_probe_subprocess", engine_without_mtp)
     failed = mtp_probe(drawn, config, EstimateOptions(sample_size=20))
-    assert failed == {"error": "errors: NotImplementedError: speculative decoding is not supported on this platform"}
+    assert failed == {"error": "NotImplementedError: speculative decoding is not supported on this platform"}
     doc = build_estimate(drawn, _probe_for(drawn, lambda c: 100), config, EstimateOptions(sample_size=20),
                          inputs=["a"], mtp_results=failed)
     assert not doc["mtp"]["on"] and doc["tokens_per_s"] == 100.0
-    assert "MTP off: this engine cannot run MTP (errors: NotImplementedError" in render_estimate(doc)
+    assert "MTP off: MTP could not run here (NotImplementedError: speculative" in render_estimate(doc)
     assert "priced without it" in doc["mtp"]["reason"]
 
 
@@ -154,3 +154,16 @@ def test_a_worker_whose_engine_drafts_otherwise_refuses_the_run_and_builds_with_
     assert rt.engine_for("/m")[0] is rt._engine  # a --model preload asks nothing
     with pytest.raises(WrongModel, match="drafts 2 MTP tokens a step and the run asks for 0"):
         rt.engine_for("/m", mtp=0)
+
+
+def test_the_named_cause_is_vllms_error_without_its_log_prefix(tmp_path, monkeypatch):
+    # What the CPU build says of a tiny hybrid declaring an MTP layer whose checkpoint lacks its weights.
+    def no_head_weights(*args, **kwargs):
+        raise ProbeError("the probe exited with 1:\nerrors: (Worker pid=15225) ERROR 12-06 22:15:34 "
+                         "[multiproc_executor.py:953] ValueError: Following weights were not initialized from "
+                         "checkpoint: {'model.norm.weight'}\nlast output:\n...")
+
+    monkeypatch.setattr(estimator, "run_probe_subprocess", no_head_weights)
+    failed = mtp_probe(_drawn(tmp_path), _model(tmp_path, 1), EstimateOptions(sample_size=20))
+    assert failed == {"error": "ValueError: Following weights were not initialized from checkpoint: "
+                               "{'model.norm.weight'}"}

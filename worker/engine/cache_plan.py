@@ -192,7 +192,8 @@ class CachePlan:
 
     def describe(self) -> str:
         """One line: what a sequence costs, for logs and the estimate."""
-        kv = f"{self.shape.kv_bytes_per_token / 1024:,.0f} KiB of KV a token"
+        per_token = self.shape.kv_bytes_per_token
+        kv = f"{per_token / 1024:,.0f} KiB of KV a token" if per_token >= 1024 else f"{per_token} B of KV a token"
         if not self.shape.hybrid:
             return f"{kv} ({self.shape.attention_layers} attention layers), {self.block_size}-token blocks"
         return (f"{self.shape.state_bytes_per_sequence / 2**20:,.1f} MiB of state a sequence "

@@ -171,7 +171,7 @@ def choose_mtp(asked: int | None, *, model_layers: int, rate_without: float | No
             return MtpChoice(k, f"on as asked (--mtp {k}); not measured (no probe ran)", rate_without)
         return MtpChoice(0, "not measured (no probe ran), so priced without it", rate_without)
     if mtp_probe.get("error"):
-        return MtpChoice(0, f"this engine cannot run MTP ({mtp_probe['error']}), so it is priced without it",
+        return MtpChoice(0, f"MTP could not run here ({mtp_probe['error']}), so it is priced without it",
                          rate_without)
     rate_with = mtp_probe.get("tokens_per_s")
     acceptance = (mtp_probe.get("mtp") or {}).get("acceptance_rate")
