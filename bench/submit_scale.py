@@ -106,14 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--status-repeats", type=int, default=3)
     p.add_argument("--admin-dsn", default=os.environ.get("REGEN_BENCH_PG", DEFAULT_ADMIN_DSN))
     p.add_argument("--redis-url", default=os.environ.get("REGEN_BENCH_REDIS", DEFAULT_REDIS_URL))
+    p.add_argument("--input", default=None,
+                   help="submit this file or folder instead of generated rows (e.g. a ShareGPT JSON array from "
+                        "bench.json_array_memory): its rows are read as submit reads them")
     args = p.parse_args(argv)
 
     start = time.perf_counter()
-    data_dir = Path(args.data_dir) / f"scale-{args.rows}-{args.seed}"
-    paths = write_scale_dataset(data_dir, args.rows, seed=args.seed, files=args.files)
-    size = sum(path.stat().st_size for path in paths)
-    print(f"dataset: {args.rows:,} rows, {len(paths)} files, {_mb(size)} ({size / args.rows:,.0f} B/row) in "
-          f"{data_dir} (ready in {time.perf_counter() - start:.0f} s)")
+    if args.input:
+        paths = [Path(args.input)]
+        size = sum(f.stat().st_size for f in (paths[0].rglob("*") if paths[0].is_dir() else paths) if f.is_file())
+        print(f"dataset: {args.input}, {_mb(size)}")
+    else:
+        data_dir = Path(args.data_dir) / f"scale-{args.rows}-{args.seed}"
+        paths = write_scale_dataset(data_dir, args.rows, seed=args.seed, files=args.files)
+        size = sum(path.stat().st_size for path in paths)
+        print(f"dataset: {args.rows:,} rows, {len(paths)} files, {_mb(size)} ({size / args.rows:,.0f} B/row) in "
+              f"{data_dir} (ready in {time.perf_counter() - start:.0f} s)")
 
     with scratch_services(admin_dsn=args.admin_dsn, redis_url=args.redis_url) as scratch:
         settings = scratch.settings
