@@ -33,8 +33,8 @@ def shown_path(file: str) -> str:
 
 
 def reject_line(row: dict[str, Any]) -> str:
-    """``file:row reason detail``, the detail on one line."""
-    detail = " ".join(str(row.get("detail") or "").split())
+    """``file:row reason detail``, the detail on one line (a path in it, a duplicate's first row's, shown alike)."""
+    detail = " ".join(str(row.get("detail") or "").split()).replace(os.getcwd() + os.sep, "")
     return f"{shown_path(row['file'])}:{row['row']} {row['reason']} {detail}".rstrip()
 
 
