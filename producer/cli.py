@@ -100,7 +100,7 @@ def db_current(database_url: str | None) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 # The families worker/tiny/families.py builds (SPECS' keys), written out: importing worker.tiny costs 0.4 s.
 @click.option("--family", type=click.Choice(["qwen3", "llama3", "deepseek_r1", "glm45", "kimi_k2", "mistral",
-                                            "magistral", "gpt_oss"]),
+                                            "magistral", "gpt_oss", "qwen36"]),
               default="qwen3",
               show_default=True, help="chat family: its tokens, chat template and output format")
 @click.option("--force", is_flag=True, help="rebuild even if OUT_DIR holds a model")

@@ -60,6 +60,7 @@ def test_the_families_table_names_the_vllm_parsers():
         "magistral": {"reasoning_parser": "mistral", "tool_parser": "mistral"},
         # vLLM's names for gpt-oss; regen renders and reads it with Harmony (worker/tiny/harmony_model.py).
         "gpt_oss": {"reasoning_parser": "openai_gptoss", "tool_parser": "openai"},
+        "qwen36": {"reasoning_parser": "qwen3", "tool_parser": "qwen3_coder"},
     }
     # The qwen3 entry describes what model.py builds.
     assert SPECS["qwen3"].special_tokens == qwen3_model.SPECIAL_TOKENS

@@ -35,13 +35,19 @@ def model_config(tokenizer, *, hidden_size: int = 128, num_layers: int = 2, num_
     )
 
 
+def decoder_class(config):
+    """Qwen3ForCausalLM, or Qwen3_5ForCausalLM for a hybrid's ``qwen3_5_text`` config (worker/tiny/hybrid.py)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+    return Qwen3_5ForCausalLM if config.model_type == "qwen3_5_text" else Qwen3ForCausalLM
+
+
 def random_model(config, seed: int = 0):
-    """A Qwen3ForCausalLM with seeded random weights, in bfloat16."""
+    """The config's decoder (``decoder_class``) with seeded random weights, in bfloat16."""
     import torch
-    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = decoder_class(config)(config)
     return model.to(torch.bfloat16).eval()
 
 

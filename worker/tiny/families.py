@@ -86,6 +86,18 @@ gpt_oss (gpt-oss; vLLM names ``openai_gptoss`` / ``openai``, but regen renders a
     answer ending ``<|return|>`` or one call to ``functions.NAME`` ending ``<|call|>``; both stop
     generation. Always reasons, at the run's effort (low, medium, high).
 
+qwen36 (Qwen3.5/3.6; parsers: reasoning ``qwen3``, tool ``qwen3_coder``, as vLLM's Qwen3.6 recipe serves it)
+    The one family on the hybrid architecture of its target, ``Qwen3_5ForCausalLM`` (one Gated-DeltaNet
+    and one full-attention layer: worker/tiny/hybrid.py), and rendered with Qwen3.6's published template,
+    byte for byte (``templates/qwen36_chat.jinja`` = ``tests/data/templates/qwen36.jinja``, its source and
+    sha256 in tests/data/templates/SOURCES.md). Qwen3's tokens: special ``<|endoftext|>``,
+    ``<|im_start|>``, ``<|im_end|>``; not special ``<think>``, ``</think>``, ``<tool_call>``,
+    ``</tool_call>``, ``<tool_response>``, ``</tool_response>``. Turns end with ``<|im_end|>``. Thinking
+    on: the prompt ends ``<think>\n`` and the model writes ``THOUGHT\n</think>\n\nANSWER``; off
+    (``enable_thinking`` false): the prompt ends ``<think>\n\n</think>\n\n``. Calls are XML,
+    ``<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>``;
+    results ``<tool_response>`` in a user turn. ``regen submit`` reads it as a qwen3 template.
+
 qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.py``.
 """
 
@@ -130,6 +142,8 @@ class Family:
     #: The family ``regen submit`` reads off the template (targets/template_probe.py), where it is not ``name``'s
     #: first word (Magistral is a Mistral template that thinks).
     detected_as: str | None = None
+    #: The decoder: "qwen3" (dense, worker/tiny/architecture.py) or "qwen3_5" (the hybrid, worker/tiny/hybrid.py).
+    architecture: str = "qwen3"
 
     def call_id(self, name: str, n: int) -> str:
         """The id of the conversation's ``n``-th call (0-based), to ``name``."""
@@ -234,6 +248,17 @@ SPECS: dict[str, Family] = {
         stop_tokens=("<|return|>", "<|call|>", "<|endoftext|>"),
         reasoning_parser="openai_gptoss", tool_parser="openai", thinking="effort",
         sampling={"temperature": 0.6, "top_p": 0.95},
+    ),
+    "qwen36": Family(
+        name="qwen36", template="qwen36_chat.jinja",
+        special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                       "</tool_response>"),
+        bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        reasoning_parser="qwen3", tool_parser="qwen3_coder", thinking="switch",
+        # Qwen3.6's card, thinking mode: temperature 0.6, top_p 0.95, top_k 20.
+        sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20}, detected_as="qwen3", architecture="qwen3_5",
     ),
 }
 

@@ -91,9 +91,15 @@ def train_tokenizer(family: Family, corpus: list[str]):
 
 def model_config(family: Family, tokenizer, *, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 2,
                  num_kv_heads: int = 1, intermediate_size: int = 256):
-    """The tiny Qwen3 decoder of worker/tiny/architecture.py, with the family's token ids."""
+    """The tiny Qwen3 decoder of worker/tiny/architecture.py, with the family's token ids; a hybrid family's
+    (``architecture`` "qwen3_5") is worker/tiny/hybrid.py's Qwen3.5 decoder instead."""
     from transformers import Qwen3Config
 
+    if family.architecture == "qwen3_5":
+        from .hybrid import TRAINED_LAYER_TYPES, hybrid_config
+
+        return hybrid_config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                             layer_types=TRAINED_LAYER_TYPES, eos_token=family.eos_token, pad_token=family.pad_token)
     eos, pad = tokenizer.convert_tokens_to_ids([family.eos_token, family.pad_token])
     bos = tokenizer.convert_tokens_to_ids(family.bos_token) if family.bos_token else pad
     return Qwen3Config(
@@ -185,7 +191,7 @@ def training_examples(family: Family, tokenizer, *, seed: int, tokens: int, stub
 #: prompts: 320 steps of 2048 left glm45 (two modes, thinking on and off) a third of its
 #: thoughts unclosed; 440 of 1536 (as many tokens) closes nearly all.
 TRAINED_STEPS = {"llama3": (640, 1536), "deepseek_r1": (440, 1536), "glm45": (440, 1536), "kimi_k2": (440, 1536),
-                 "mistral": (640, 1536), "magistral": (640, 1536)}
+                 "mistral": (640, 1536), "magistral": (640, 1536), "qwen36": (440, 1536)}
 
 
 def _plan(family: Family, variant: str):
@@ -243,7 +249,8 @@ def build_key(family: str, variant: str, seed: int) -> str:
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("family_model.py", "families.py", "model.py", "architecture.py", "data.py", "training.py"):
+    for name in ("family_model.py", "families.py", "model.py", "architecture.py", "data.py", "training.py",
+                 "hybrid.py"):
         digest.update((here / name).read_bytes())
     if family == "gpt_oss":  # Harmony's vocabulary and renderings (the wheel's version is in the key below)
         for path in (here / "harmony_model.py", here.parents[1] / "targets" / "harmony.py"):
@@ -268,7 +275,7 @@ def _build_files(spec: Family, tmp: Path, variant: str, seed: int, key: str) -> 
         return harmony_model.build_files(spec, tmp, variant, seed, marker)
     tokenizer = train_tokenizer(spec, tokenizer_corpus(spec, seed))
     if variant == "random":
-        model = random_model(model_config(spec, tokenizer), seed)
+        model = random_model(model_config(spec, tokenizer), seed)  # a hybrid's config builds its own class
     else:
         model = train_model(spec, tokenizer, variant=variant, seed=seed)
     tmp.mkdir(parents=True, exist_ok=True)

@@ -20,14 +20,22 @@ from pathlib import Path
 LAYER_TYPES = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
 
 
-def hybrid_config(tokenizer, *, hidden_size: int = 128, intermediate_size: int = 256):
+#: The trained family's (worker/tiny/families.py, qwen36): one of each kind. Training a Gated-DeltaNet layer
+#: on transformers' reference PyTorch kernels costs ~1.7x an attention layer's step here, and CI trains every
+#: family from scratch; the format is what that model is tested for.
+TRAINED_LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def hybrid_config(tokenizer, *, hidden_size: int = 128, intermediate_size: int = 256,
+                  layer_types: tuple[str, ...] = LAYER_TYPES, eos_token: str = "<|im_end|>",
+                  pad_token: str = "<|endoftext|>"):
     """The ``qwen3_5_text`` config of the tiny hybrid, over ``tokenizer``."""
     from transformers import Qwen3_5TextConfig
 
-    im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    im_end, eot = tokenizer.convert_tokens_to_ids([eos_token, pad_token])
     config = Qwen3_5TextConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=len(LAYER_TYPES), layer_types=list(LAYER_TYPES),
+        num_hidden_layers=len(layer_types), layer_types=list(layer_types),
         num_attention_heads=2, num_key_value_heads=1, head_dim=64,
         linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
         linear_conv_kernel_dim=4,

@@ -159,13 +159,14 @@ def train_model(tokenizer, *, variant: str, seed: int = 0, plan: TrainingPlan | 
 
 
 def fresh_model(config, plan: TrainingPlan, *, seed: int):
-    """(model, optimizer, scheduler) every tiny model trains with: a seeded fresh Qwen3 decoder in fp32,
+    """(model, optimizer, scheduler) every tiny model trains with: a seeded fresh decoder (Qwen3, or the hybrid) in fp32,
     AdamW, and a warm-up then cosine decay to a tenth of ``plan.lr`` over ``plan.steps``."""
     import torch
-    from transformers import Qwen3ForCausalLM
+
+    from .architecture import decoder_class
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).float().train()
+    model = decoder_class(config)(config).float().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def lr_at(step: int) -> float:
