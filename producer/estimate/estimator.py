@@ -144,7 +144,8 @@ def mtp_probe(drawn: DrawnSample, config: RunConfig, options: EstimateOptions) -
     try:
         return run_probe_subprocess(drawn, config, options, mtp=options.mtp or DEFAULT_MTP_TOKENS)
     except ProbeError as e:
-        causes = [line.strip() for line in str(e).splitlines() if re.search(r"(Error|Exception): ", line)]
+        causes = [line.strip() for line in str(e).splitlines() if re.search(r"(Error|Exception): ", line)
+                  and not re.search(r"EngineDeadError|Engine core initialization failed|Worker failed with error", line)]
         first = causes[0] if causes else str(e).splitlines()[0]
         cause = re.search(r"\b\w*(Error|Exception): .*", first)  # past vLLM's "(Worker pid=..) ERROR ..." prefix
         return {"error": (cause.group(0) if cause else first).strip()[:300]}

@@ -9,6 +9,7 @@ tail only, for the failure message.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -20,6 +21,10 @@ from worker.engine.probe_progress import PREFIX
 
 #: Lines of the probe's output kept for a failure message (vLLM's tracebacks run to hundreds).
 KEPT_LINES = 2000
+#: Error lines kept from anywhere in the output besides its tail: a root cause logged early (a worker's
+#: error, before thousands of lines of its aborted requests' tracebacks) is not lost with the head.
+KEPT_CAUSES = 20
+_CAUSE = re.compile(r"\b\w*(Error|Exception): ")
 
 
 def say(text: str) -> None:
@@ -31,6 +36,7 @@ def run_streaming(argv: list[str], *, timeout_s: float, cwd: Path, env: dict[str
                   show: Callable[[str], None] = say) -> tuple[int | None, str]:
     """Run ``argv``; ``show`` each progress line as it comes. Returns the exit code (None: timed out) and the output kept."""
     kept: deque[str] = deque(maxlen=KEPT_LINES)
+    causes: list[str] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env,
                             errors="replace")
 
@@ -38,6 +44,8 @@ def run_streaming(argv: list[str], *, timeout_s: float, cwd: Path, env: dict[str
         assert proc.stdout is not None
         for line in proc.stdout:
             kept.append(line)
+            if len(causes) < KEPT_CAUSES and _CAUSE.search(line):
+                causes.append(line)
             if line.startswith(PREFIX):
                 show(line[len(PREFIX):].rstrip())
 
@@ -50,4 +58,4 @@ def run_streaming(argv: list[str], *, timeout_s: float, cwd: Path, env: dict[str
         proc.wait()
         code = None
     reader.join(timeout=5.0)  # the output's last lines, after the exit
-    return code, "".join(kept)
+    return code, "".join(causes) + "".join(kept)

@@ -159,7 +159,8 @@ def test_a_worker_whose_engine_drafts_otherwise_refuses_the_run_and_builds_with_
 def test_the_named_cause_is_vllms_error_without_its_log_prefix(tmp_path, monkeypatch):
     # What the CPU build says of a tiny hybrid declaring an MTP layer whose checkpoint lacks its weights.
     def no_head_weights(*args, **kwargs):
-        raise ProbeError("the probe exited with 1:\nerrors: (Worker pid=15225) ERROR 12-06 22:15:34 "
+        raise ProbeError("the probe exited with 1:\nerrors: EngineDeadError: EngineCore encountered an issue.\n"
+                         "        (Worker pid=15225) ERROR 12-06 22:15:34 "
                          "[multiproc_executor.py:953] ValueError: Following weights were not initialized from "
                          "checkpoint: {'model.norm.weight'}\nlast output:\n...")
 
@@ -167,3 +168,20 @@ def test_the_named_cause_is_vllms_error_without_its_log_prefix(tmp_path, monkeyp
     failed = mtp_probe(_drawn(tmp_path), _model(tmp_path, 1), EstimateOptions(sample_size=20))
     assert failed == {"error": "ValueError: Following weights were not initialized from checkpoint: "
                                "{'model.norm.weight'}"}
+
+
+def test_a_root_cause_logged_before_a_long_tail_of_tracebacks_is_kept():
+    # vLLM's CPU build, MTP at top-k 20: the worker's error, then thousands of lines of aborted requests.
+    import sys
+    from pathlib import Path
+
+    from producer.estimate.probe_run import KEPT_LINES, run_streaming
+
+    script = ("import sys\nprint('(Worker pid=1) ERROR RuntimeError: index -472793528 is out of bounds', flush=True)\n"
+              f"for i in range({KEPT_LINES + 500}): print('  File x, line', i)\n"
+              "print('EngineDeadError: EngineCore encountered an issue.')\nsys.exit(1)\n")
+    code, output = run_streaming([sys.executable, "-c", script], timeout_s=60, cwd=Path.cwd(), env=None,
+                                 show=lambda line: None)
+    assert code == 1 and "RuntimeError: index -472793528 is out of bounds" in output
+    cause = estimator.probe_failure(output)
+    assert cause.index("RuntimeError: index") < cause.index("EngineDeadError")
