@@ -77,9 +77,9 @@ def render_estimate(doc: dict[str, Any]) -> str:
     if doc.get("mtp"):  # an estimate saved before MTP was priced has none
         lines.append(f"  {doc['mtp']['line']}")
     for card, held in (doc.get("memory") or {}).items():
-        state = f"{held['state_mib_per_sequence']:,.0f} MiB of state + " if held["state_mib_per_sequence"] else ""
+        state = f"{_n(held['state_mib_per_sequence'], 1)} MiB of state + " if held["state_mib_per_sequence"] else ""
         lines.append(f"  memory   an {card} alone holds {held['sequences']:,.1f} sequences of "
-                     f"{held['tokens_per_sequence']:,} tokens ({state}{held['kv_kib_per_token']:,.0f} KiB a token; "
+                     f"{held['tokens_per_sequence']:,} tokens ({state}{_n(held['kv_kib_per_token'], 1)} KiB a token; "
                      f"{held['blocks']:,} blocks of {held['block_size']}: worker/engine/cache_plan.py)")
     engine_h, wall_h = doc["engine_hours"], doc["wall_hours"]
     if engine_h:

@@ -229,7 +229,7 @@ def test_the_estimate_says_what_each_card_holds_of_the_samples_mean_sequence(tmp
     h200 = doc["memory"]["H200"]
     plan, blocks = plan_on_card(CONFIG, "H200")
     assert h200["sequences"] == round(blocks / (1 + 6), 1) == round(plan.sequences(blocks, 400), 1)
-    assert "an H100 alone holds" in render_estimate(doc) and "147 MiB of state" in render_estimate(doc)
+    assert "an H100 alone holds" in render_estimate(doc) and "146.8 MiB of state + 64.0 KiB a token" in render_estimate(doc)
 
 
 def test_an_engine_running_in_float32_is_read_in_its_own_dtype():
