@@ -30,6 +30,8 @@ from ledger.objects import ObjectStore
 from ledger.settings import Settings
 from local.services import answers
 from producer.monitoring.metrics import collect
+from producer.run_config import build_run_config
+from producer.submit import submit_run
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled, write_prompts
 from tests.fixtures.fault_report import account
 from tests.fixtures.worker import EAGER_ENGINE_ARGS, TEST_ENGINE_ENV, WorkerProc, _Descendants
@@ -63,9 +65,10 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
     broker_user = f"regen-faults-{uuid.uuid4().hex[:8]}"
     admin = redis_lib.Redis.from_url(redis_server.url)
     admin.execute_command("ACL", "SETUSER", broker_user, "on", f">{BROKER_SECRET}", "~*", "&*", "+@all")
-    env = {**os.environ, **direct, "DATABASE_URL": _with_password(pg_database, PG_SECRET),
-           "REDIS_URL": _with_password(redis_server.url, BROKER_SECRET, user=broker_user), "PYTHONUNBUFFERED": "1",
-           **TEST_ENGINE_ENV}
+    with_secrets = Settings(database_url=_with_password(pg_database, PG_SECRET),
+                            redis_url=_with_password(redis_server.url, BROKER_SECRET, user=broker_user))
+    env = {**os.environ, **direct, "DATABASE_URL": with_secrets.database_url, "REDIS_URL": with_secrets.redis_url,
+           "PYTHONUNBUFFERED": "1", **TEST_ENGINE_ENV}
     worker = _start_worker(tmp, env, proxy, "f", QUEUE, "--model", str(tiny_model))
     engine = make_engine(settings)
     old_env = {k: os.environ.get(k) for k in direct}
@@ -73,7 +76,8 @@ def farm(pg_database, redis_server, moto_server, tiny_model, tmp_path_factory):
     try:
         worker.wait_ready()
         yield {"env": env, "bucket": f"s3://{bucket}", "proxy": proxy, "worker": worker, "tmp": tmp,
-               "sessions": make_sessionmaker(engine), "settings": settings, "model": str(tiny_model)}
+               "sessions": make_sessionmaker(engine), "settings": settings, "model": str(tiny_model),
+               "settings_with_secrets": with_secrets}
     finally:
         _stop(worker)
         proxy.close()
@@ -365,8 +369,18 @@ def test_a_pickled_message_is_refused_and_secrets_appear_nowhere(farm):
              what="the worker refusing a pickle message", interval_s=0.5)
     # Something of its own in every place looked at, even when this test runs alone: a run the worker
     # generates (ledger rows, its log), and one on a queue no worker reads (its messages stay in Redis).
-    _submit(farm, "secrets", 2, batch_size=2)
-    _submit(farm, "secrets-held", 2, batch_size=2, queue="secrets-held")
+    # Submitted in process (a CLI call costs seconds), through the URLs that carry the passwords.
+    secret_settings = farm["settings_with_secrets"]
+    secret_engine = make_engine(secret_settings)
+    try:
+        for run, queue in (("secrets", QUEUE), ("secrets-held", "secrets-held")):
+            data = farm["tmp"] / f"{run}.jsonl"
+            write_prompts(data, 2, prefix=run)
+            submit_run(make_sessionmaker(secret_engine), make_celery(secret_settings), ObjectStore(), [str(data)],
+                       run_name=run, config=build_run_config(farm["model"], max_tokens=8),
+                       output_url=f"{farm['bucket']}/{run}", batch_size=2, queue=queue)
+    finally:
+        secret_engine.dispose()
     _wait_settled(farm, "secrets")
     with farm["sessions"]() as s:
         assert s.execute(text("SELECT count(*) FROM batches WHERE id = 999999")).scalar() == 0
