@@ -10,6 +10,9 @@ delete unless ``--yes`` is given, and refuses outright when:
 
 Objects go first, ledger rows second: if the deletion of objects fails half way,
 the run is still in the ledger and the same command finishes the job.
+
+The overlap rule is also submit's: a new run on a prefix that overlaps another run's is
+refused (``refuse_a_shared_prefix``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,26 @@ def overlapping_runs(session: Session, run_id: int, output_url: str) -> list[str
         if theirs.startswith(mine) or mine.startswith(theirs):
             clashes.append(f"{name} ({url})")
     return clashes
+
+
+def refuse_a_shared_prefix(session: Session, name: str, output_url: str) -> None:
+    """Refuse a new run ``name`` whose output prefix is another run's, inside it or around it.
+
+    Shards are named by batch number alone, so such a run would find the other run's shards at its
+    keys and commit them as its own (issue 58; a worker checks a found shard's rows too,
+    ledger/output_check.py).
+
+    Raises:
+        ConfigError: one line naming the other run and what to do.
+    """
+    # Two submits creating runs on one prefix at once would both pass the check: one advisory lock
+    # serialises the creations, held to the end of the caller's transaction (the run's INSERT).
+    session.execute(text("SELECT pg_advisory_xact_lock(8151, 0)"))
+    clashes = overlapping_runs(session, 0, output_url)
+    if clashes:
+        more = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+        raise ConfigError(f"--output {output_url} overlaps the output of run {clashes[0]}{more}: a run's shards "
+                          f"would be taken as this one's; give run {name!r} an --output prefix of its own")
 
 
 def plan_clean(sessions: sessionmaker[Session], store: ObjectStore, run_name: str) -> CleanPlan:

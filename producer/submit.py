@@ -59,7 +59,7 @@ from ledger.runs import RunRecord, get_run
 from ledger.shards import encode_manifest, encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
 
-from .clean import overlapping_runs
+from .clean import refuse_a_shared_prefix
 from .dataset.normalize import normalize_row
 from .dataset.readers import iter_input_paths, iter_rows
 from .run_config import RunConfig
@@ -150,7 +150,7 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
                       benchmark: bool = False) -> tuple[Run, bool]:
     run = session.scalar(select(Run).where(Run.name == name))
     if run is None:
-        _refuse_a_shared_prefix(session, name, output_url)
+        refuse_a_shared_prefix(session, name, output_url)
         run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
                                   config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
                                   batch_size=batch_size, provenance=config.provenance(),
@@ -180,20 +180,6 @@ def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_
         # Thresholds judge outputs, they do not change them: not in the config hash, may change.
         run.quality_thresholds = quality_thresholds
     return run, False
-
-
-def _refuse_a_shared_prefix(session: Session, name: str, output_url: str) -> None:
-    """A new run's output prefix must be its own: shards are named by batch seq alone, so a run on another
-    run's prefix (or inside it, or around it) would find that run's shards and commit them as its own
-    (issue 58; the worker checks a shard's rows too, worker/batches/delivery.py)."""
-    # Under the same lock as a run's creation (the runs table's, below), two submits creating runs on one
-    # prefix at once could both pass: taken for the check, released with the submit's first transaction.
-    session.execute(text("SELECT pg_advisory_xact_lock(8151, 0)"))
-    clashes = overlapping_runs(session, 0, output_url)
-    if clashes:
-        raise ConfigError(f"--output {output_url} overlaps the output of run {clashes[0]}"
-                          f"{f' (and {len(clashes) - 1} more)' if len(clashes) > 1 else ''}: a run's shards would "
-                          f"be taken as this one's; give run {name!r} an --output prefix of its own")
 
 
 def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitReport) -> Iterator[dict]:
