@@ -16,7 +16,8 @@ into their family's tiny model: DeepSeek-R1's, DeepSeek-V3.1's (a ``--thinking m
 switched by its ``thinking`` argument), GLM-4.5's (mix too), Llama 3.1's, Kimi-K2-Thinking's and
 Mistral Small 3.1's (its system prompt carries today's date: prompts are compared on the day they are made).
 Magistral's tiny model carries the template mistral-common generates for Magistral Small 2509 (no Jinja one is
-published; tests/data/templates/SOURCES.md) as its own, so its one case is that template.
+published; tests/data/templates/SOURCES.md) as its own, so its one case is that template; so does the Qwen3.6 one
+(Qwen3.6-27B's published template, qwen3_coder XML calls), on Qwen3.5's hybrid architecture (worker/tiny/hybrid.py).
 Nothing is skipped. Where the tiny model (trained on regen's own template) makes no call the published
 template's parser reads, what is true of that template is asserted instead: R1's and V3.1's render no
 tool list (they never read ``tools``: the prompt is the tool-less one, no call is made or spliced, and each
@@ -92,12 +93,15 @@ CASES = (
              "the tiny model's calls lead to no splice (2026-12-02: 10 tool_call_invalid and 4 tool_calls_diverged "
              "of 14 tool conversations)"),
     Case("magistral"),
+    # Qwen3.6: the hybrid architecture (Qwen3_5ForCausalLM) and the published template as the tiny model's own;
+    # a mix run, so thinking on and off (the template's enable_thinking) both go through its qwen3 parser.
+    Case("qwen36", thinking="mix"),
 )
 #: Where a family's calls start in the text its parser reads (the answer): text holding one is a call, never an
 #: answer. Llama's JSON calls are recognised by their start.
 CALL_MARKERS = {"llama3": ("<|python_tag|>",), "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"),
                 "glm45": ("<tool_call>",), "kimi_k2": ("<|tool_calls_section_begin|>",), "mistral": ("[TOOL_CALLS]",),
-                "magistral": ("[TOOL_CALLS]",)}
+                "magistral": ("[TOOL_CALLS]",), "qwen36": ("<tool_call>",)}
 #: A family's thought markers, where they are not ``<think>``/``</think>``.
 THINK_MARKERS = {"magistral": ("[THINK]", "[/THINK]")}
 
