@@ -122,7 +122,7 @@ class Batch(Base):
         # regen status's recent throughput: the last batches done (migration 0009).
         Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
         # The open batches of a run: the finish check's EXISTS (migration 0011).
-        Index("batches_open_idx", "run_id", postgresql_where=text("status IN ('planned', 'queued', 'running')")),
+        Index("batches_open_idx", "run_id", "status", postgresql_where=text("status IN ('planned', 'queued', 'running')")),
         # The few batches a fake engine made or refused (migration 0010): status, export, report.
         Index("batches_fake_idx", "run_id", postgresql_where=text("fake OR fake_refusals > 0")),
     )

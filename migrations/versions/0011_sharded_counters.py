@@ -28,7 +28,7 @@ Now:
   A commit marks its batch done before it writes the samples (worker/batches/ledger_calls.py),
   and every writer takes the batch counters before the sample counters and the ``runs`` row
   last: one order for all (docs/ledger.md, "The commit path").
-* ``batches_open_idx``: the open batches (planned, queued, running) by run. The finish check
+* ``batches_open_idx``: the open batches (planned, queued, running) by run and status. The finish check
   is an ``EXISTS`` on it (ledger/transitions.py ``finish_run_if_drained``), run after the
   commit in a transaction of its own, instead of reading ``runs.open_batches`` under the
   run's row lock.
@@ -177,7 +177,9 @@ def upgrade() -> None:
     # Writes to batches and samples wait from here to the end (reads go on): no counter moves
     # between the copies below and the new functions.
     op.execute("LOCK TABLE batches, samples IN SHARE MODE")
-    op.execute(f"CREATE INDEX batches_open_idx ON batches (run_id) WHERE status IN {OPEN}")
+    # Keyed by status too: a read of one open status (status's running batches by worker) finds its rows
+    # through it as through batches_run_status_idx, never by a walk of every open batch of the run.
+    op.execute(f"CREATE INDEX batches_open_idx ON batches (run_id, status) WHERE status IN {OPEN}")
     # The counts so far become shard 0 of each run: no scan of samples, the sums unchanged.
     op.execute("ALTER TABLE run_sample_counts ADD COLUMN shard smallint NOT NULL DEFAULT 0, "
                "DROP CONSTRAINT run_sample_counts_pkey")
