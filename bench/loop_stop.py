@@ -7,8 +7,11 @@
 Two workloads, each run twice through the worker's own path (worker/conversation/generation.py generate_batch on
 an EngineHost, the same per-sample seeds), once with the run's loops stopped (the default) and once without:
 
-(1) looping: greedy (temperature 0), where small models loop (and where Qwen's cards warn they do);
-(2) default: the model's own sampling (generation_config.json), the project's default.
+(1) looping: greedy (temperature 0, where Qwen's cards warn models loop) with the end of turn ignored
+    (``ignore_eos``, as bench.throughput's runs): the engine made to loop, since the tiny trained model answers
+    in ~50 tokens and stops; past its answer it repeats itself, as a model caught in a loop does;
+(2) default: the model's own sampling (generation_config.json), stops honoured: the project's default, where
+    no sample should be stopped.
 
 For each: the completion tokens each arm generated, the samples the stop ended, and the false stops: samples the
 stop ended whose generation without it the quality classifier does not call ``repetition_loop`` (the stop applies
@@ -62,13 +65,29 @@ def compare(with_stop: list[dict], without: list[dict]) -> dict:
 
     thresholds = Thresholds()
     stopped = [i for i, row in enumerate(with_stop) if (row.get("stop_reason") or "").startswith("repetition_loop")]
-    false = [with_stop[i]["sample_id"] for i in stopped
+    false = [_false_stop(with_stop[i], without[i]) for i in stopped
              if classify_sample(without[i], thresholds)[0] != "repetition_loop"]
     loops_without = sum(classify_sample(row, thresholds)[0] == "repetition_loop" for row in without)
     return {"tokens_with": sum(r["usage"]["completion_tokens"] for r in with_stop),
             "tokens_without": sum(r["usage"]["completion_tokens"] for r in without),
             "stopped": len(stopped), "false_stops": false, "loops_without": loops_without,
             "samples": len(with_stop)}
+
+
+def _false_stop(stopped: dict, full: dict) -> str:
+    """A stopped sample the classifier does not call a loop without the stop, and whether the two arms generated
+    the same ids up to the stop (where not, the engine's numbers parted them, not the watch: on a CPU, batches of
+    another shape sum in another order, and greedy decoding follows a near tie either way)."""
+    from ledger.quality import Thresholds, repetition_share
+
+    t = Thresholds()
+    ids = stopped["events"][-1]["completion_token_ids"]
+    turn = len(stopped["events"]) - 1
+    other = full["events"][turn]["completion_token_ids"] if len(full["events"]) > turn else []
+    same = other[:len(ids)] == ids
+    share = repetition_share(other, t.repetition_ngram, t.repetition_min_tokens)
+    return (f"{stopped['sample_id']} (stopped at {len(ids)}; without the stop {len(other)} ids, repetition share "
+            f"{share:.2f}; {'the same ids up to the stop' if same else 'the arms parted before the stop'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,15 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineHost(model=model)
     engine.start()
     renderer = Renderer(engine.tokenizer, engine.max_model_len)
-    workloads = {"looping": {"temperature": 0.0}, "default": {}}
+    #: name -> (build_run_config's options, keys set in the record after: ignore_eos is a benchmark's only).
+    workloads = {"looping": ({"temperature": 0.0}, {"ignore_eos": True}), "default": ({}, {})}
     chosen = list(workloads) if args.workload == "both" else [args.workload]
     figures = {}
     try:
+        # Warm-up, not measured: the engine's first batches of each shape compile or allocate (CPU: seconds).
+        warm = build_run_config(model, max_tokens=64, seed=1, thinking="on", stop_loops="on").as_record()
+        run_arm(engine, renderer, samples, warm)
         for name in chosen:
             arms = {}
             for stop in ("on", "off"):
-                record = build_run_config(model, max_tokens=args.max_tokens, seed=0, thinking="on", stop_loops=stop,
-                                          **workloads[name]).as_record()
+                options, extra = workloads[name]
+                record = {**build_run_config(model, max_tokens=args.max_tokens, seed=0, thinking="on",
+                                             stop_loops=stop, **options).as_record(), **extra}
                 arms[stop] = run_arm(engine, renderer, samples, record)
             figures[name] = {**compare(arms["on"][0], arms["off"][0]),
                              "seconds_with": round(arms["on"][1], 1), "seconds_without": round(arms["off"][1], 1)}
