@@ -59,9 +59,14 @@ def serve_pil_image_module_without_torchvision() -> bool:
 
 def _torchvision_loads() -> bool:
     """Whether the torchvision-backed module imports; PyPI's torchvision against torch+cpu fails at import
-    ("operator torchvision::nms does not exist", a RuntimeError), so importing is the only true test."""
+    ("operator torchvision::nms does not exist", a RuntimeError), so on a CPU torch importing is the only
+    true test. A CUDA or ROCm torch comes with vLLM's own torchvision: trusted, not imported in every process."""
     if importlib.util.find_spec("torchvision") is None:
         return False
+    import torch
+
+    if torch.version.cuda or getattr(torch.version, "hip", None):
+        return True
     try:
         importlib.import_module(TORCHVISION_IMAGE_MODULE)
     except (ImportError, RuntimeError):
