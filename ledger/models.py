@@ -121,8 +121,6 @@ class Batch(Base):
               postgresql_where=text("stale_deliveries > 0 OR republishes > 0")),
         # regen status's recent throughput: the last batches done (migration 0009).
         Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
-        # The open batches of a run: the finish check's EXISTS (migration 0011).
-        Index("batches_open_idx", "run_id", "status", postgresql_where=text("status IN ('planned', 'queued', 'running')")),
         # The few batches a fake engine made or refused (migration 0010): status, export, report.
         Index("batches_fake_idx", "run_id", postgresql_where=text("fake OR fake_refusals > 0")),
     )
