@@ -22,6 +22,7 @@ the ratios. Everything it creates is dropped at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -289,8 +290,11 @@ ROWS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--before", default="main", help="git revision of the code to compare with")
-    parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN)
+    parser.add_argument("--before", default="main", help="git revision of the code to compare with, or a folder "
+                        "holding its ledger, worker, migrations and producer packages")
+    parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN,
+                        help="'local': the Postgres on 127.0.0.1:5432 if it answers, else an embedded one of the "
+                             "bench's own (the lent GPU machine has none)")
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--latency-commits", type=int, default=200)
     parser.add_argument("--parallel-commits", type=int, default=1600)
@@ -301,12 +305,27 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.admin_dsn, args)))
         return
+    with contextlib.ExitStack() as stack:
+        if args.admin_dsn == "local":
+            from local.services import local_postgres
 
-    revision = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,
-                              capture_output=True, text=True).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="regen-before-") as before_root:
-        _unpack(revision, before_root)
-        before = _side(before_root, args)
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="regen-commits-pg-"))
+            args.admin_dsn, _ = stack.enter_context(local_postgres(Path(folder)))
+        _compare(args)
+
+
+def _compare(args) -> None:
+    if Path(args.before).is_dir():
+        # The packages already unpacked (``git archive REV ledger worker migrations producer | tar -x -C DIR``):
+        # where the bench runs without the repository's history, as on the lent GPU machine.
+        revision = args.before
+        before = _side(str(Path(args.before).resolve()), args)
+    else:
+        revision = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        with tempfile.TemporaryDirectory(prefix="regen-before-") as before_root:
+            _unpack(revision, before_root)
+            before = _side(before_root, args)
     after = _side(str(ROOT), args)
     for side in (before, after):
         side["one_run_share"] = side["commits_s_one_run"] / side["commits_s_run_each"]

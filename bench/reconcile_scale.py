@@ -30,6 +30,7 @@ queue are dropped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -91,11 +92,11 @@ def _child(args) -> dict:
     from ledger.settings import Settings
     from producer.cli import main as cli
 
-    settings = Settings(database_url=args.database_url, redis_url=REDIS_URL)
+    settings = Settings(database_url=args.database_url, redis_url=args.redis_url)
     engine = make_engine(settings)
     sessions = make_sessionmaker(engine)
     app = make_celery(settings)
-    r = redis_lib.Redis.from_url(REDIS_URL)
+    r = redis_lib.Redis.from_url(args.redis_url)
     out: dict = {}
 
     def finish():
@@ -150,7 +151,7 @@ def _child(args) -> dict:
         r.rpush(args.queue, middle)  # back, at the head: no message is missing for status
 
         runner = CliRunner()
-        env = {"DATABASE_URL": settings.database_url, "REDIS_URL": REDIS_URL}
+        env = {"DATABASE_URL": settings.database_url, "REDIS_URL": args.redis_url}
 
         def status(*flags):
             def run():
@@ -222,7 +223,7 @@ def _side(code_root: str, args, database_url: str, run_id: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([code_root, str(ROOT)])}
     argv = [sys.executable, "-m", "bench.reconcile_scale", "--child", "--database-url", database_url,
             "--run-id", str(run_id), "--queue", args.queue, "--queued", str(args.queued),
-            "--window", str(args.window), "--repeat", str(args.repeat)]
+            "--window", str(args.window), "--repeat", str(args.repeat), "--redis-url", args.redis_url]
     done = subprocess.run(argv, env=env, cwd=code_root, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the {code_root} side failed:\n{done.stderr[-4000:]}")
@@ -261,6 +262,10 @@ def main() -> None:
     p.add_argument("--failed", type=int, default=100_000, help="failed samples (0.1%% of 100M)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--before", default=None, help="git revision to compare with (default: this tree alone)")
+    p.add_argument("--admin-dsn", default=ADMIN, help="a Postgres to create the scratch database on; 'local': the one "
+                   "on 127.0.0.1:5432 if it answers, else an embedded one (the lent GPU machine has none)")
+    p.add_argument("--redis-url", default=REDIS_URL, help="'local': the one on 127.0.0.1:6379, else a redis-server "
+                   "of the bench's own")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--database-url", help=argparse.SUPPRESS)
     p.add_argument("--run-id", type=int, help=argparse.SUPPRESS)
@@ -269,6 +274,20 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args)))
         return
+    with contextlib.ExitStack() as stack:
+        if args.admin_dsn == "local":
+            from local.services import local_postgres
+
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="regen-scale-pg-"))
+            args.admin_dsn, _ = stack.enter_context(local_postgres(Path(folder)))
+        if args.redis_url == "local":
+            from local.services import local_redis
+
+            args.redis_url, _ = stack.enter_context(local_redis())
+        _parent(args)
+
+
+def _parent(args) -> None:
 
     import psycopg
     import redis as redis_lib
@@ -277,12 +296,13 @@ def main() -> None:
     from ledger.db import make_engine, make_sessionmaker
     from ledger.dispatch import make_celery
     from ledger.settings import Settings
+    from local.services import with_database
 
     name = f"regen_scale_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
+    with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    settings = Settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{name}", redis_url=REDIS_URL)
-    r = redis_lib.Redis.from_url(REDIS_URL)
+    settings = Settings(database_url=with_database(args.admin_dsn, name), redis_url=args.redis_url)
+    r = redis_lib.Redis.from_url(args.redis_url)
     try:
         migrate.upgrade(settings)
         engine = make_engine(settings)
@@ -329,7 +349,7 @@ def main() -> None:
               + [f"  ... ({len(workers):,} worker lines in all)", shown[-1]]))
     finally:
         r.delete(args.queue)
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
+        with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
