@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import socket
+import sys
 import threading
 
 from celery import signals
@@ -24,12 +25,13 @@ from ledger.dispatch import make_celery
 from ledger.settings import Settings
 from worker.batches.task import register_tasks
 from worker.engine.args import parse_engine_args
+from worker.engine.build_errors import EXIT_ENGINE_NEVER_BUILDS
 from worker.engine.host import expected_max_num_seqs
 from worker.measure import ledger_timing
 from worker.process import log_urls
 from worker.process.options import WorkerOptions
 from worker.process.orphans import LAUNCHER_PID_ENV
-from worker.process.runtime import WorkerRuntime
+from worker.process.runtime import EngineUnavailable, WorkerRuntime
 
 log = logging.getLogger("regen.worker")
 
@@ -191,7 +193,13 @@ def main(argv: list[str] | None = None) -> None:
         log.warning("%s runs the FAKE ENGINE: a benchmark and test device, its output is not generated data; it "
                     "serves runs submitted with --benchmark only and hands back every other batch", options.name)
     elif options.model:
-        max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
+        try:
+            max_num_seqs = runtime.engine_for(options.model)[0].max_num_seqs
+        except EngineUnavailable:
+            if runtime.engine_never_builds is not None:
+                runtime.close()  # Celery never started: nothing else closes it
+            _stop_if_engine_never_builds(runtime, options.name)
+            raise
     else:
         max_num_seqs = expected_max_num_seqs(engine_args)
     held = options.held_batches(max_num_seqs)
@@ -203,6 +211,19 @@ def main(argv: list[str] | None = None) -> None:
         "--queues", ",".join(options.queues), "--prefetch-multiplier", _prefetch_multiplier(), "--without-gossip",
         "--without-mingle", "--task-events", "--loglevel", args.loglevel,
     ])
+    _stop_if_engine_never_builds(runtime, options.name)
+
+
+def _stop_if_engine_never_builds(runtime: WorkerRuntime, name: str) -> None:
+    """Exit with ``EXIT_ENGINE_NEVER_BUILDS`` and one line of why, where no retry could build the engine.
+
+    Its batches were handed back already (worker/batches/delivery.py); the launcher, seeing the status,
+    does not restart this process (worker/process/launcher.py, worker/engine/build_errors.py).
+    """
+    if runtime.engine_never_builds is None:
+        return
+    log.error("%s stopped for good: its engine can never be built: %s", name, runtime.engine_never_builds)
+    sys.exit(EXIT_ENGINE_NEVER_BUILDS)
 
 
 if __name__ == "__main__":
