@@ -49,6 +49,13 @@ def test_a_tiny_hybrid_run_finishes_on_the_cpu_with_no_engine_arg(settings, s3_e
     args = provenance["engine_settings"]["args"]
     # regen's choice for a hybrid on the CPU build: no prefix caching (it would need chunked prefill).
     assert args["enable_prefix_caching"] is False and args["enable_chunked_prefill"] is False, args
+    # Its capacity as recorded is vLLM's (issue 56): the sequences of max_model_len its blocks hold, a sequence's
+    # 3 linear-attention states taking a block each beside its KV (worker/engine/cache_plan.py), not
+    # blocks x block_size, which counted the states' blocks as tokens.
+    engine = provenance["engine_settings"]
+    blocks, block, length = engine["kv_cache_blocks"], engine["kv_block_size"], engine["max_model_len"]
+    assert engine["state_blocks_per_sequence"] == 3, engine
+    assert engine["kv_cache_tokens"] == int(blocks / (-(-length // block) + 3) * length) < blocks * block, engine
     assert worker.stop() == 0, worker.log()[-3000:]
 
 
