@@ -14,7 +14,6 @@ Two callables connect this module to an engine, so it never imports vLLM or torc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +23,7 @@ from ledger.quality import unoffered_calls
 from targets.call_ids import with_valid_ids
 from targets.parsing import ReasoningSplit, ToolCallParse
 from targets.turn_parsers import RegenQwenParser, TurnParser
-from worker.conversation.splice import call_name, splice_all, splice_some
+from worker.conversation.splice import call_name, differ_reason, splice_all, splice_some
 from worker.engine.loop_watch import LOOP_FINISH
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -268,12 +267,12 @@ class _Walk:
             spliced, calls_left, results_left, stop, differ = splice_some(
                 parsed.tool_calls, source_calls, source_results)
             if self._mismatched(differ):
-                return _differ_reason(differ), None
+                return differ_reason(differ), None
             self.context.extend(spliced)
             return (stop, None) if stop else (None, (calls_left, results_left))
         spliced, stop, differ = splice_all(parsed.tool_calls, source_calls, source_results)
         if self._mismatched(differ):
-            return _differ_reason(differ), None
+            return differ_reason(differ), None
         self.context.extend(spliced)
         return stop, None
 
@@ -298,12 +297,6 @@ class _Walk:
         except SampleError as e:
             e.turn = turn
             raise
-
-
-def _differ_reason(differ: list[dict[str, Any]]) -> str:
-    first = differ[0]
-    return (f"tool_args_differ: {first['name']} {json.dumps(first['arguments'], ensure_ascii=False)[:200]} "
-            f"!= source {json.dumps(first['source_arguments'], ensure_ascii=False)[:200]}")
 
 
 def _assistant_message(split: ReasoningSplit, parsed: ToolCallParse) -> dict[str, Any]:

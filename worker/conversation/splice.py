@@ -50,6 +50,13 @@ def same_arguments(got: Any, expected: Any) -> bool:
     return got == expected
 
 
+def differ_reason(differ: list[dict[str, Any]]) -> str:
+    """The stop reason of a conversation ended at a call with other arguments (``--on-tool-mismatch stop``)."""
+    first = differ[0]
+    return (f"tool_args_differ: {first['name']} {json.dumps(first['arguments'], ensure_ascii=False)[:200]} "
+            f"!= source {json.dumps(first['source_arguments'], ensure_ascii=False)[:200]}")
+
+
 def differ_record(call: dict[str, Any], source_call: dict[str, Any]) -> dict[str, Any]:
     """What a row says of a call whose spliced result answers other arguments."""
     return {"name": call_name(call), "arguments": call_arguments(call),

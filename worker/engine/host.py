@@ -30,7 +30,7 @@ from worker.engine.gpu_memory import Card, gpu_cards, memory_share
 from worker.engine.kv_level import KV_ADMISSION_ENV, KvLevel, kv_admission_wanted
 from worker.engine.kv_tier import check_host_memory, keep_generated_blocks
 from worker.engine.loop import LoopHost
-from worker.engine.loop_watch import LOOP_FINISH, LoopWatch, stream_every
+from worker.engine.loop_watch import LOOP_FINISH, LoopWatch, follow, stream_every
 from worker.engine.occupancy import REPORT_S, OccupancySampler
 from worker.engine.stats import SchedulerRecorder, attach, stats_wanted
 
@@ -234,24 +234,16 @@ class EngineHost(LoopHost):
         request_id = f"r{os.getpid()}-{next(self._ids)}"
         budget = int(sampling.get("max_tokens") or max(1, self.max_model_len - len(prompt_token_ids)))
         self._asked(len(prompt_token_ids), budget)
-        final = None
-        token_ids: list[int] = []
-        looped = False
+        final, looped = None, False
         stream = self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, request_id)
         try:
-            async for out in stream:
-                final = out
-                if loop_watch is not None:
-                    delta = out.outputs[0].token_ids
-                    token_ids.extend(delta)
-                    if not out.finished and loop_watch.feed(delta):
-                        looped = True
-                        break
+            if loop_watch is None:
+                async for out in stream:
+                    final = out
+            else:
+                final, token_ids, looped = await follow(stream, loop_watch)
         except EngineDeadError as e:
             raise EngineDead(str(e)) from e
-        finally:
-            if looped:
-                await stream.aclose()   # vLLM aborts the request (AsyncLLM.generate's GeneratorExit)
         if final is None:
             raise EngineDead(f"engine returned no output for {request_id}")
         completion = final.outputs[0]

@@ -82,3 +82,21 @@ def stream_every(sampling_params_class) -> dict:
     fields = getattr(sampling_params_class, "__struct_fields__", None) or getattr(
         sampling_params_class, "__dataclass_fields__", {})
     return {"stream_interval": LOOP_STREAM_TOKENS} if "stream_interval" in fields else {}
+
+
+async def follow(stream, watch: LoopWatch) -> tuple[object | None, list[int], bool]:
+    """Read a request's DELTA outputs (vLLM's ``AsyncLLM.generate``), feeding each one's new ids to ``watch``.
+
+    Returns:
+        (the last output, the completion's ids, whether it was stopped as a loop). A loop closes the stream, and
+        vLLM aborts the request there (``AsyncLLM.generate`` aborts on ``GeneratorExit``).
+    """
+    final, token_ids = None, []
+    async for out in stream:
+        final = out
+        delta = out.outputs[0].token_ids
+        token_ids.extend(delta)
+        if not out.finished and watch.feed(delta):
+            await stream.aclose()
+            return final, token_ids, True
+    return final, token_ids, False
