@@ -21,13 +21,14 @@ Now:
   sums stay exact.
 * ``run_batch_counts`` holds the counters that were ``runs.open_batches``, ``done_batches``,
   ``dead_batches``, ``done_samples``, ``done_prompt_tokens`` and ``done_completion_tokens``,
-  one row per (run, ``id % 64`` of the batches counted); those columns of ``runs`` go. The
-  same triggers on ``batches`` keep them.
+  one row per (run, ``id % 64`` of the batches counted; -1 for batches inserted); those columns
+  of ``runs`` go. The same triggers on ``batches`` keep them.
 * Each trigger applies its deltas in (run, shard, status, quality) order, decrements and
   increments merged, so two statements never take two counters rows in opposite orders.
-  A commit marks its batch done before it writes the samples (worker/batches/ledger_calls.py),
-  and every writer takes the batch counters before the sample counters and the ``runs`` row
-  last: one order for all (docs/ledger.md, "The commit path").
+  Inserted batches are counted in a shard of their own (-1) that no commit writes: a submit
+  group takes the batch counters before its samples' (a batch comes before its samples), a
+  commit its samples' before its batch's, and with no counters row in common the two orders
+  cannot meet in a cycle (docs/ledger.md, "The commit path").
 * The finish check (ledger/transitions.py ``finish_run_if_drained``) sums the run's
   ``open_batches`` shards in a transaction of its own after the commit, instead of reading
   ``runs.open_batches`` under the run's row lock. (Not an ``EXISTS`` over the open batches:
@@ -54,6 +55,8 @@ depends_on = None
 #: Shards per run: a commit writes only its batch's shard. 64 keeps two of 16 back-to-back
 #: committers on one shard rare, and a reader's sum small (64 rows per counter and class).
 SHARDS = 64
+#: The batch counters' shard of inserted batches (submit, retry --failed): one no commit writes.
+INSERTED_SHARD = -1
 OPEN = "('planned', 'queued', 'running')"
 COUNTERS = ("open_batches", "done_batches", "dead_batches", "done_samples", "done_prompt_tokens",
             "done_completion_tokens")
@@ -138,9 +141,11 @@ DECLARE
     r record;
     direction int := CASE WHEN TG_OP = 'INSERT' THEN 1 ELSE -1 END;
 BEGIN
-    -- A submit inserts 32 batches a statement: their shards in (run, shard) order.
+    -- New batches (a submit group, a retry) are counted in a shard of their own, which no commit
+    -- writes: a submit group, which takes these counters before its samples' (a batch comes before
+    -- its samples), then never holds a row that a commit, which takes its samples' first, waits for.
     IF TG_OP = 'INSERT' THEN
-        FOR r IN SELECT run_id, mod(id, {SHARDS})::smallint AS shard,
+        FOR r IN SELECT run_id, {INSERTED_SHARD}::smallint AS shard,
                         {", ".join(f"sum({_part(c, 'b')})::bigint AS {c}" for c in COUNTERS)}
                  FROM new_rows b GROUP BY 1, 2 ORDER BY 1, 2 LOOP
             PERFORM batch_counts_add(r.run_id, r.shard, {", ".join(f"direction * r.{c}" for c in COUNTERS)});

@@ -240,16 +240,17 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
     def tx() -> bool:
         try:
             with sessions.begin() as s:
-                # The batch first, then its samples, then (once) the run's row: every writer takes
-                # the batch counters, the sample counters and the run's row in that order (migration
-                # 0011; a submit group took them in the other order and deadlocked, issue 58). The
-                # counters are the batch's shard of the run's: no other commit waits on them.
+                # Samples first, the batch's own row last: a commit that waits on a counters row holds
+                # no batch row meanwhile, so heartbeats renew its lease (issue 36). The counters it moves
+                # are its batch's shard of the run's (migration 0011): no other commit of the run waits
+                # on them unless their batch ids are equal modulo 64 (docs/ledger.md, "The commit path":
+                # why a submit group beside it can no longer deadlock with it, issue 58).
+                updated = transitions.record_samples(s, sample_params, batch_id=batch_id)
+                _check_every_sample_recorded(s, batch_id, updated, len(rows))
                 if not transitions.mark_done(s, batch_id, attempt, output_key=output_key,
                                              output_sha256=output_sha256, prompt_tokens=prompt_tokens,
                                              completion_tokens=completion_tokens, fake=fake):
-                    raise _FencedOff  # a newer attempt holds the batch: nothing written
-                updated = transitions.record_samples(s, sample_params, batch_id=batch_id)
-                _check_every_sample_recorded(s, batch_id, updated, len(rows))
+                    raise _FencedOff  # a newer attempt holds the batch: roll the samples back
                 if provenance:
                     # The run record names the engine and chat template its first batch used.
                     s.execute(text("UPDATE runs SET provenance = coalesce(provenance, '{}'::jsonb) || "
