@@ -14,7 +14,7 @@ import click
 from worker.process.options import WorkerOptions
 
 from .cli_common import settings as _settings
-from .service_wait import DEFAULT_SERVICES_WAIT_S, wait_for_services
+from .monitoring.service_wait import DEFAULT_SERVICES_WAIT_S, wait_for_services
 
 log = logging.getLogger("regen.cli")
 

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ledger import transitions
 from ledger.defaults import DEFAULT_QUEUE_WINDOW
 from ledger.errors import ConfigError, InputRowError
-from ledger.models import Batch, RejectedRow, Run
+from ledger.models import Batch, RejectedRow
 from ledger.object_keys import parse_s3_url
 from ledger.objects import ObjectStore
 from ledger.reconcile import top_up
@@ -59,10 +59,10 @@ from ledger.runs import RunRecord, get_run
 from ledger.shards import encode_manifest, encode_shard, input_group_url, pack_shards, run_manifest_url
 from ledger.states import BatchStatus
 
-from .clean import refuse_a_shared_prefix
 from .dataset.normalize import normalize_row
 from .dataset.readers import iter_input_paths, iter_rows
 from .run_config import RunConfig
+from .submit_checks import get_or_create_run  # noqa: F401 - bench.system_run imports it from here
 
 log = logging.getLogger(__name__)
 
@@ -143,43 +143,6 @@ class _Reject:
     row: int
     reason: str
     detail: str
-
-
-def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
-                      batch_size: int, quality_thresholds: dict | None = None,
-                      benchmark: bool = False) -> tuple[Run, bool]:
-    run = session.scalar(select(Run).where(Run.name == name))
-    if run is None:
-        refuse_a_shared_prefix(session, name, output_url)
-        run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
-                                  config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
-                                  batch_size=batch_size, provenance=config.provenance(),
-                                  quality_thresholds=quality_thresholds, benchmark=benchmark)
-        return run, True
-    if bool(run.benchmark) != benchmark:
-        # Which engines may serve the run (a fake one serves benchmark runs only): fixed at creation.
-        raise ConfigError(f"run {name!r} was created {'with' if run.benchmark else 'without'} --benchmark; "
-                          "a run's benchmark mark never changes: choose a new run name")
-    if run.config_hash != config.hash:
-        diffs = []
-        if run.model != config.model:
-            diffs.append(f"model {run.model!r} != {config.model!r}")
-        for key, value in config.as_record().items():
-            if run.sampling.get(key) != value:
-                diffs.append(f"{key} {run.sampling.get(key)!r} != {value!r}")
-        if not diffs:
-            diffs.append("the model's files changed since the run was created")
-        raise ConfigError(f"run {name!r} exists with another configuration ({'; '.join(diffs)}); "
-                          "a new model or sampling config is a new run: a new run name and an --output "
-                          "prefix of its own")
-    if run.output_url != output_url.rstrip("/"):
-        raise ConfigError(f"run {name!r} writes to {run.output_url}, not {output_url}")
-    if run.batch_size != batch_size:
-        raise ConfigError(f"run {name!r} was created with --batch-size {run.batch_size}")
-    if quality_thresholds is not None and quality_thresholds != run.quality_thresholds:
-        # Thresholds judge outputs, they do not change them: not in the config hash, may change.
-        run.quality_thresholds = quality_thresholds
-    return run, False
 
 
 def _samples_from(paths: Iterable[str], rejects: list[_Reject], report: SubmitReport) -> Iterator[dict]:

@@ -29,15 +29,22 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ledger import transitions
 from ledger.errors import ConfigError, StoreError
 from ledger.model_path import resolve_model
+from ledger.models import Run
 from ledger.object_keys import join_key, parse_s3_url
 from ledger.objects import ObjectStore
 from ledger.settings import Settings, redact
 from targets.parser_choice import chat_template_of
 
+from .clean import refuse_a_shared_prefix
 from .dataset.readers import iter_file_rows, iter_input_paths
 from .dataset.reasons import UNREADABLE_FILE
+from .run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -268,3 +275,40 @@ def check_output_writable(store: ObjectStore, output_url: str) -> None:
                              code=e.code) from e
     finally:
         objects_log.setLevel(level)
+
+
+def get_or_create_run(session: Session, name: str, config: RunConfig, *, output_url: str, queue: str,
+                      batch_size: int, quality_thresholds: dict | None = None,
+                      benchmark: bool = False) -> tuple[Run, bool]:
+    run = session.scalar(select(Run).where(Run.name == name))
+    if run is None:
+        refuse_a_shared_prefix(session, name, output_url)
+        run = transitions.new_run(session, name=name, model=config.model, sampling=config.as_record(),
+                                  config_hash=config.hash, output_url=output_url.rstrip("/"), queue=queue,
+                                  batch_size=batch_size, provenance=config.provenance(),
+                                  quality_thresholds=quality_thresholds, benchmark=benchmark)
+        return run, True
+    if bool(run.benchmark) != benchmark:
+        # Which engines may serve the run (a fake one serves benchmark runs only): fixed at creation.
+        raise ConfigError(f"run {name!r} was created {'with' if run.benchmark else 'without'} --benchmark; "
+                          "a run's benchmark mark never changes: choose a new run name")
+    if run.config_hash != config.hash:
+        diffs = []
+        if run.model != config.model:
+            diffs.append(f"model {run.model!r} != {config.model!r}")
+        for key, value in config.as_record().items():
+            if run.sampling.get(key) != value:
+                diffs.append(f"{key} {run.sampling.get(key)!r} != {value!r}")
+        if not diffs:
+            diffs.append("the model's files changed since the run was created")
+        raise ConfigError(f"run {name!r} exists with another configuration ({'; '.join(diffs)}); "
+                          "a new model or sampling config is a new run: a new run name and an --output "
+                          "prefix of its own")
+    if run.output_url != output_url.rstrip("/"):
+        raise ConfigError(f"run {name!r} writes to {run.output_url}, not {output_url}")
+    if run.batch_size != batch_size:
+        raise ConfigError(f"run {name!r} was created with --batch-size {run.batch_size}")
+    if quality_thresholds is not None and quality_thresholds != run.quality_thresholds:
+        # Thresholds judge outputs, they do not change them: not in the config hash, may change.
+        run.quality_thresholds = quality_thresholds
+    return run, False

@@ -17,7 +17,7 @@ PACKAGES = ("ledger", "targets", "worker", "local", "producer")
 ORDER = ("ledger", "targets", "worker", "local", "producer", "bench")
 #: producer/'s root: the CLI and the run verbs. Everything else lives in a subpackage.
 PRODUCER_ROOT = {"__init__.py", "cli.py", "cli_common.py", "cli_errors.py", "cli_worker.py", "submit.py", "submit_checks.py",
-                 "run_config.py", "retry.py", "clean.py"}
+                 "run_config.py", "sampling_profiles.py", "retry.py", "clean.py"}
 
 
 def _modules(*tops: str) -> dict[str, Path]:
