@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,11 +45,13 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
-def retry_db(fn: Callable[[], T], *, what: str, max_wait_s: float = 600.0, base_delay_s: float = 0.5) -> T:
+def retry_db(fn: Callable[[], T], *, what: str, max_wait_s: float = 600.0, base_delay_s: float = 0.5,
+             stop: threading.Event | None = None) -> T:
     """Run ``fn`` until it succeeds or ``max_wait_s`` of transient failures have passed.
 
     ``fn`` must be a whole transaction (open a session, do the work, commit), so a
-    retry never replays half of one.
+    retry never replays half of one. ``stop``, once set, ends the waiting at once with the last
+    failure raised: a worker shutting down hands its batch back rather than wait out a ledger outage.
     """
     deadline = time.monotonic() + max_wait_s
     attempt = 0
@@ -56,11 +59,14 @@ def retry_db(fn: Callable[[], T], *, what: str, max_wait_s: float = 600.0, base_
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - filtered just below
-            if not _is_transient(exc) or time.monotonic() >= deadline:
+            if not _is_transient(exc) or time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                 raise
             attempt += 1
             delay = min(30.0, base_delay_s * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
             # Never asleep past the deadline: a caller bounded by it (a shutdown's hand-back) gets its answer on time.
             delay = min(delay, max(0.0, deadline - time.monotonic()))
             log.warning("ledger write %s failed (%s); retry %d in %.1fs", what, type(exc).__name__, attempt, delay)
-            time.sleep(delay)
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):
+                raise

@@ -8,6 +8,7 @@ were in flight and which ran isolated.
 from __future__ import annotations
 
 import logging
+import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,13 +23,16 @@ log = logging.getLogger(__name__)
 RECORD_WITHIN_S = 30.0
 
 
-def read_flight(sessions: sessionmaker[Session], batch_id: int) -> Flight:
-    """The batch's samples that were in flight at engine deaths: condemned ones and ones to isolate."""
+def read_flight(sessions: sessionmaker[Session], batch_id: int, *, stop: threading.Event | None = None) -> Flight:
+    """The batch's samples that were in flight at engine deaths: condemned ones and ones to isolate.
+
+    Waits out a ledger outage like any ledger call, but not past ``stop`` (the process's shutdown): the
+    read comes after the claim, so a ledger cut then must not hold a SIGTERM's hand-back for minutes."""
     def tx():
         with sessions() as s:
             return suspects_of(s, batch_id)
 
-    suspects = retry_db(tx, what=f"read the crash suspects of batch {batch_id}")
+    suspects = retry_db(tx, what=f"read the crash suspects of batch {batch_id}", stop=stop)
     if suspects.condemned or suspects.isolate:
         log.warning("batch %s: %d samples failed as engine_crash (%s), %d run isolated: in flight at engine deaths",
                     batch_id, len(suspects.condemned), sorted(suspects.condemned)[:5], len(suspects.isolate))

@@ -281,7 +281,12 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # What the engine was built with (worker/engine/host.py's settings): the run's record of
         # regen's choices (the admission watermark) and the user's --engine-args, beside the release.
         provenance["engine_settings"] = engine.settings()
-        suspects = read_flight(rt.sessions, msg.batch_id)
+        try:
+            suspects = read_flight(rt.sessions, msg.batch_id, stop=rt.shutting_down)
+        except Exception:
+            if rt.shutting_down.is_set():  # the ledger away through a shutdown: hand back, charge nothing
+                raise _Preempted() from None
+            raise
         flight.isolate, flight.condemned = suspects.isolate, suspects.condemned
         if not engine.alive:  # died under another batch since: this one's conversations never started
             raise EngineDead("engine is no longer running")
