@@ -53,3 +53,13 @@ def test_the_model_folders_config_is_read_and_the_users_args_still_win(tmp_path)
     assert chosen_engine_args(True, {"enable_prefix_caching": True}, str(tmp_path))["enable_prefix_caching"] is True
     assert chosen_engine_args(True, {}, str(tmp_path / "missing"))["enable_prefix_caching"] is True
     assert read_model_config("Qwen/Qwen3.6-27B") is None  # a hub id: left to vLLM
+
+
+def test_a_config_that_leaves_layer_types_to_transformers_is_a_hybrid_by_its_attention_interval():
+    # transformers derives Qwen3-Next/3.5's layer_types from full_attention_interval where config.json omits them:
+    # taken for dense, the CPU engine would be built with prefix caching and fail ("Chunked prefill is required").
+    derived = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "num_hidden_layers": 64,
+               "full_attention_interval": 4}
+    assert is_hybrid(derived)
+    assert architecture_engine_args(derived, on_cpu=True) == {"enable_prefix_caching": False}
+    assert not is_hybrid({**derived, "full_attention_interval": 1})

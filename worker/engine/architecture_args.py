@@ -53,9 +53,17 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_hybrid(config: dict[str, Any]) -> bool:
-    """Whether some layer keeps a per-sequence state instead of a per-token KV cache."""
-    layer_types = text_config(config).get("layer_types") or []
-    return any(kind not in ATTENTION_LAYER_TYPES for kind in layer_types)
+    """Whether some layer keeps a per-sequence state instead of a per-token KV cache.
+
+    ``layer_types`` says it where the config lists it; a Qwen3-Next/3.5-style config may leave the list to
+    transformers, which derives it from ``full_attention_interval`` (every n-th layer attention, the
+    others linear): such a config is a hybrid too."""
+    text = text_config(config)
+    layer_types = text.get("layer_types") or []
+    if layer_types:
+        return any(kind not in ATTENTION_LAYER_TYPES for kind in layer_types)
+    interval = text.get("full_attention_interval")
+    return isinstance(interval, int) and interval > 1 and int(text.get("num_hidden_layers") or 0) > 1
 
 
 def is_multimodal(config: dict[str, Any]) -> bool:
