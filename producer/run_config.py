@@ -166,12 +166,7 @@ def build_run_config(model: str, *, max_tokens: int, temperature: float | None =
         parsers = choose_parsers(resolved, reasoning=reasoning_parser, tool=tool_parser)
     template_format, thinking_arg = _template_format(resolved, parsers, found)
     thinking = _thinking_mode(resolved, thinking, template_format)
-    if thinking == "mix":
-        share = 0.5 if thinking_off_share is None else thinking_off_share
-    else:
-        share = 1.0 if thinking == "off" else 0.0
-    if not 0.0 <= share <= 1.0:
-        raise ConfigError("--thinking-off-share must be between 0 and 1")
+    share = mode_share(thinking, thinking_off_share, every="off", option="--thinking-off-share")
     flags = {key: value for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
                                           ("presence_penalty", presence_penalty),
                                           ("frequency_penalty", frequency_penalty)) if value is not None}
@@ -233,13 +228,20 @@ def _history_mode(model: str, found: TemplateFormat | None, thinking_arg: str, a
     else:
         arg = found.history_arg
     mode = asked or ("on" if found is not None and found.history_default else "off")
-    if mode == "mix":
-        kept = 0.5 if share is None else share
-    else:
-        kept = 1.0 if mode == "on" else 0.0
-    if not 0.0 <= kept <= 1.0:
-        raise ConfigError("--preserve-thinking-share must be between 0 and 1")
+    kept = mode_share(mode, share, every="on", option="--preserve-thinking-share")
     return {"history_arg": arg, "preserve_thinking": mode, "preserve_thinking_share": kept}
+
+
+def mode_share(mode: str, share: float | None, *, every: str, option: str) -> float:
+    """The share of conversations a per-conversation switch (on/off/mix) applies to: 1 where ``mode`` is ``every``,
+    0 for the other, ``share`` (default one half) for ``mix``; ``option`` names the share in the refusal."""
+    if mode == "mix":
+        share = 0.5 if share is None else share
+    else:
+        share = 1.0 if mode == every else 0.0
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(f"{option} must be between 0 and 1")
+    return share
 
 
 def _harmony_parsers(model: str, reasoning: str | None, tool: str | None, found: TemplateFormat) -> ParserChoice:
