@@ -33,7 +33,7 @@ from producer.run_config import build_run_config
 from producer.submit import submit_run
 from tests.faults.farm import batches_by_status, settled
 from tests.faults.ledger_setup import write_dataset
-from tests.support.helpers import ROOT, cli_env, wait_for
+from tests.support.helpers import ROOT, cli_env, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -86,15 +86,6 @@ def _fake_worker(settings, s3_env, log_path, *, name: str, queues: str, reconcil
             cwd=ROOT, start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-
-
 def _batches(sessions, run: str):
     with sessions() as s:
         return s.execute(text("SELECT b.id, b.status, b.attempts, b.failures FROM batches b JOIN runs r "
@@ -126,8 +117,8 @@ def test_a_ledger_frozen_longer_than_a_lease_costs_no_failure_and_no_attempt(set
         wait_for(lambda: settled(sessions, "stall"), timeout_s=180, interval_s=1, what="the run settled",
                  on_timeout=logs)
     finally:
-        _stop(w)
-        _stop(r)
+        stop_process(w)
+        stop_process(r)
     after = _batches(sessions, "stall")
     assert [(b.id, b.status, b.attempts, b.failures) for b in after] == \
         [(b.id, "done", 1, 0) for b in before], f"{after}\n{logs()}"

@@ -12,7 +12,6 @@ isolated at two deaths is failed alone (ledger/crash_suspects.py).
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -24,7 +23,7 @@ from ledger.objects import ObjectStore
 from producer.run_config import build_run_config
 from producer.submit import submit_run
 from tests.faults.farm import FAST_RECOVERY, batches_by_status, settled
-from tests.support.helpers import ROOT, cli_env, wait_for
+from tests.support.helpers import ROOT, cli_env, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +58,7 @@ def test_a_sample_that_kills_the_engine_is_failed_alone_within_three_deaths_and_
         wait_for(lambda: settled(sessions, "poison"), timeout_s=240, interval_s=1, what="the run settled",
                  on_timeout=lambda: f"{batches_by_status(sessions, 'poison')}\n{log()[-6000:]}")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_process(proc)
     deaths = log().count("FAKE ENGINE: dying on a poison prompt")
     with sessions() as s:
         batches = s.execute(text("SELECT b.seq, b.status, b.failures FROM batches b JOIN runs r ON r.id = b.run_id "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -117,6 +118,16 @@ def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str, in
             extra = on_timeout() if on_timeout else ""
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{extra}")
         time.sleep(interval_s)
+
+
+def stop_process(proc: subprocess.Popen, *, timeout_s: float = 60.0) -> None:
+    """SIGTERM, as a supervisor stops a worker; SIGKILL if it has not exited within ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def output_rows(store: ObjectStore, output_url: str) -> list[dict]:
