@@ -1,7 +1,7 @@
 """Samples in flight when an engine died, until the poison among them is found (issue 58, item 4; migration 0014).
 
 An engine death is charged to no batch. Each batch in flight records its conversations that
-had started and not ended (``record_crash``); its next attempt reads them (``suspects_of``):
+had started and not ended (``record_crash``); its next attempt's claim returns them (``SUSPECTS_OF_B``):
 a suspect runs isolated (at most one isolated sample per engine at a time), and a sample
 that was in flight isolated at ``ISOLATED_CRASHES_TO_FAIL`` deaths is failed with reason
 ``engine_crash`` without running again. Migration 0014 says why this finds a poison within
@@ -10,8 +10,9 @@ three engine deaths and condemns no innocent sample.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -33,14 +34,20 @@ class Suspects:
     isolate: frozenset[str] = frozenset()
 
 
-_SUSPECTS = text("SELECT sample_id, crashes, isolated_crashes FROM engine_crash_suspects WHERE batch_id = :b")
+#: The suspects of the batch the enclosing statement calls ``b``, as one JSON array of ``[sample_id,
+#: crashes, isolated_crashes]`` (NULL: none). The claim returns it (ledger/transitions.py ``_CLAIM``):
+#: read by the claim's own statement, so the attempt runs with the suspects as they were when it took
+#: the batch, and no round trip of its own is spent on them.
+SUSPECTS_OF_B = """(SELECT json_agg(json_build_array(cs.sample_id, cs.crashes, cs.isolated_crashes))
+        FROM engine_crash_suspects cs WHERE cs.batch_id = b.id)"""
 
 
-def suspects_of(session: Session, batch_id: int) -> Suspects:
-    rows = session.execute(_SUSPECTS, {"b": batch_id}).all()
-    condemned = {r.sample_id: r.crashes for r in rows if r.isolated_crashes >= ISOLATED_CRASHES_TO_FAIL}
+def suspects_from(rows: Iterable[Sequence[Any]] | None) -> Suspects:
+    """What an attempt does with the rows of ``SUSPECTS_OF_B``: ``(sample_id, crashes, isolated_crashes)`` each."""
+    found = [(str(sid), int(crashes), int(isolated)) for sid, crashes, isolated in rows or ()]
+    condemned = {sid: crashes for sid, crashes, isolated in found if isolated >= ISOLATED_CRASHES_TO_FAIL}
     return Suspects(condemned=condemned,
-                    isolate=frozenset(r.sample_id for r in rows if r.crashes > 0 and r.sample_id not in condemned))
+                    isolate=frozenset(sid for sid, crashes, _ in found if crashes > 0 and sid not in condemned))
 
 
 _RECORD = text("""

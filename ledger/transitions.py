@@ -17,12 +17,13 @@ a Postgres restart).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ledger.crash_suspects import SUSPECTS_OF_B, Suspects, suspects_from
 from ledger.models import Run
 from ledger.states import BatchStatus, RunStatus, SampleStatus
 
@@ -133,7 +134,8 @@ def count_stale_delivery(session: Session, batch_id: int) -> None:
     session.execute(_COUNT_STALE, {"batch": batch_id})
 
 
-_CLAIM = _transition("batches", (_P, _Q, _R), (_R,), """
+# Returns the batch's crash suspects too (ledger/crash_suspects.py): the attempt's, read by the claim itself.
+_CLAIM = _transition("batches", (_P, _Q, _R), (_R,), f"""
 UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :worker,
        started_at = now(), heartbeat_at = now(), finished_at = NULL, error = NULL
 FROM runs r
@@ -143,7 +145,7 @@ WHERE b.id = :batch AND r.id = b.run_id AND r.status <> 'paused'
   AND (b.status IN ('planned', 'queued')
        OR (b.status = 'running' AND b.heartbeat_at < now() - make_interval(secs => :lease_s)
            AND pg_postmaster_start_time() < now() - make_interval(secs => :lease_s)))
-RETURNING b.attempts, b.started_at""")
+RETURNING b.attempts, b.started_at, {SUSPECTS_OF_B} AS suspects""")
 
 
 @dataclass(frozen=True)
@@ -157,16 +159,19 @@ class ClaimStamp:
 
     attempt: int
     started_at: Any
+    #: The batch's samples in flight at engine deaths, as the claim's own statement read them.
+    suspects: Suspects = field(default_factory=Suspects)
 
 
 def claim_stamped(session: Session, batch_id: int, *, worker: str, lease_s: float,
                   fake: bool = False) -> ClaimStamp | None:
     """Take a batch (waiting, or running with an expired lease): the claim's stamp, or None if not taken.
 
-    ``fake``: the claimer is a fake engine, which may take a benchmark run's batches only.
+    ``fake``: the claimer is a fake engine, which may take a benchmark run's batches only. The stamp
+    carries the batch's crash suspects, read by the claim's statement (no round trip of their own).
     """
     row = session.execute(_CLAIM, {"batch": batch_id, "worker": worker, "lease_s": lease_s, "fake": fake}).first()
-    return None if row is None else ClaimStamp(row[0], row[1])
+    return None if row is None else ClaimStamp(row.attempts, row.started_at, suspects_from(row.suspects))
 
 
 def claim(session: Session, batch_id: int, *, worker: str, lease_s: float, fake: bool = False) -> int | None:

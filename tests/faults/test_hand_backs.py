@@ -24,6 +24,7 @@ import redis as redis_lib
 from sqlalchemy import create_engine, make_url, text
 
 from ledger import handbacks
+from ledger.crash_suspects import Suspects, record_crash
 from ledger.db import make_sessionmaker
 from ledger.dispatch import BatchMessage, make_celery
 from ledger.handbacks import KEY, record_hand_back
@@ -76,6 +77,9 @@ def test_a_claim_whose_commit_got_no_answer_is_resolved_by_reading_the_row(where
                                                                            tmp_path, s3_bucket):
     submit(settings, sessions, tmp_path, s3_bucket, run="amb", n=4, batch_size=4)
     batch = _batch(sessions)
+    with sessions.begin() as s:  # a sample in flight at an earlier engine death: the claim returns it
+        suspect = s.scalar(text("SELECT min(sample_id) FROM samples WHERE batch_id = :b"), {"b": batch.id})
+        record_crash(s, batch.id, {suspect}, isolated=(), worker="old")
     engine, proxied = _proxied_sessions(proxy, settings)
     try:
         proxy.cut_next_commit(where)
@@ -89,6 +93,8 @@ def test_a_claim_whose_commit_got_no_answer_is_resolved_by_reading_the_row(where
     assert claim.outcome is ClaimOutcome.CLAIMED, claim
     assert (row.status, row.attempts, row.worker, row.stale_deliveries) == ("running", claim.attempt, "w@amb", 0)
     assert claim.attempt == 1
+    # Its crash suspects come with it either way: from the statement whose COMMIT was cut, or from the claim again.
+    assert claim.suspects == Suspects(isolate=frozenset({suspect}))
 
 
 def test_a_heartbeat_skips_a_locked_row_renews_the_others_and_does_not_call_it_lost(settings, sessions, tmp_path,

@@ -1,18 +1,17 @@
 """The batch path's side of an engine death: no batch charged, the poison found (ledger/crash_suspects.py).
 
-``suspects`` fills a batch's ``Flight`` (worker/engine/isolation.py) from the ledger before it
-runs; ``record_engine_death`` writes, when the engine died under it, which of its conversations
-were in flight and which ran isolated.
+``take_suspects`` fills a batch's ``Flight`` (worker/engine/isolation.py) with the suspects its
+claim returned, before it runs; ``record_engine_death`` writes, when the engine died under it,
+which of its conversations were in flight and which ran isolated.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger.crash_suspects import record_crash, suspects_of
+from ledger.crash_suspects import Suspects, record_crash
 from ledger.db import retry_db
 from worker.engine.isolation import Flight
 
@@ -23,20 +22,12 @@ log = logging.getLogger(__name__)
 RECORD_WITHIN_S = 30.0
 
 
-def read_flight(sessions: sessionmaker[Session], batch_id: int, *, stop: threading.Event | None = None) -> Flight:
-    """The batch's samples that were in flight at engine deaths: condemned ones and ones to isolate.
-
-    Waits out a ledger outage like any ledger call, but not past ``stop`` (the process's shutdown): the
-    read comes after the claim, so a ledger cut then must not hold a SIGTERM's hand-back for minutes."""
-    def tx():
-        with sessions() as s:
-            return suspects_of(s, batch_id)
-
-    suspects = retry_db(tx, what=f"read the crash suspects of batch {batch_id}", stop=stop)
+def take_suspects(flight: Flight, batch_id: int, suspects: Suspects) -> None:
+    """Give the batch's ``flight`` the suspects its claim returned: the condemned fail unrun, the others run isolated."""
     if suspects.condemned or suspects.isolate:
         log.warning("batch %s: %d samples failed as engine_crash (%s), %d run isolated: in flight at engine deaths",
                     batch_id, len(suspects.condemned), sorted(suspects.condemned)[:5], len(suspects.isolate))
-    return Flight(isolate=suspects.isolate, condemned=dict(suspects.condemned))
+    flight.isolate, flight.condemned = suspects.isolate, dict(suspects.condemned)
 
 
 def record_engine_death(sessions: sessionmaker[Session], batch_id: int, flight: Flight, *, worker: str) -> None:

@@ -18,11 +18,18 @@ from ledger.errors import RegenError, StoreError
 from ledger.objects import sha256_hex
 from ledger.output_check import ForeignShard, batch_sample_ids, foreign_rows_reason, refusal
 from ledger.quality import Thresholds, classify_sample, enforce_gate
-from ledger.shards import InputSlice, decode_shard, encode_shard, output_shard_url, read_input_shard
+from ledger.shards import decode_shard, encode_shard, output_shard_url, read_input_shard
 from ledger.states import refused_reason
 from targets.turn_parsers import ParserUnavailable
-from worker.batches.crashes import read_flight, record_engine_death
-from worker.batches.ledger_calls import ClaimOutcome, claim_batch, commit_batch, fail_batch, release_batch
+from worker.batches.crashes import record_engine_death, take_suspects
+from worker.batches.ledger_calls import (
+    Claim,
+    ClaimOutcome,
+    claim_batch,
+    commit_batch,
+    fail_batch,
+    release_batch,
+)
 from worker.conversation.generation import generate_batch
 from worker.engine.admission import HandedBack
 from worker.engine.host import EngineDead
@@ -101,12 +108,12 @@ def run_batch(rt: WorkerRuntime, msg: BatchMessage) -> Outcome:
         log.info("batch %s (seq %s): %s, acknowledging without generating", msg.batch_id, msg.seq,
                  claim.outcome.value)
         return Outcome(claim.outcome.value, msg.batch_id)
-    attempt, run, where = claim.attempt, claim.run, claim.input
-    assert run is not None and where is not None
+    attempt, run = claim.attempt, claim.run
+    assert run is not None
     log.info("batch %s (run %s, seq %s) attempt %s started", msg.batch_id, run["name"], msg.seq, attempt)
     flight = Flight()  # its conversations on the engine, should the engine die under them
     try:
-        return _generate_upload_commit(rt, msg, run, attempt, where, flight)
+        return _generate_upload_commit(rt, msg, claim, flight)
     except _Preempted:
         # Within the shutdown's hand-back time, on the heartbeat's connection (the heartbeat has
         # stopped): the reaper's SIGKILL must not find a release half done.
@@ -255,8 +262,9 @@ def _check_own_shard(rt: WorkerRuntime, batch_id: int, run: dict, rows: list[dic
         raise ForeignShard(refusal(out_url, reason))
 
 
-def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, attempt: int,
-                            where: InputSlice, flight: Flight) -> Outcome:
+def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, claim: Claim, flight: Flight) -> Outcome:
+    run, attempt, where = claim.run, claim.attempt, claim.input
+    assert run is not None and where is not None
     out_url = output_shard_url(run["output_url"], msg.seq)
     provenance = None
     existing = rt.store.head(out_url)
@@ -281,13 +289,8 @@ def _generate_upload_commit(rt: WorkerRuntime, msg: BatchMessage, run: dict, att
         # What the engine was built with (worker/engine/host.py's settings): the run's record of
         # regen's choices (the admission watermark) and the user's --engine-args, beside the release.
         provenance["engine_settings"] = engine.settings()
-        try:
-            suspects = read_flight(rt.sessions, msg.batch_id, stop=rt.shutting_down)
-        except Exception:
-            if rt.shutting_down.is_set():  # the ledger away through a shutdown: hand back, charge nothing
-                raise _Preempted() from None
-            raise
-        flight.isolate, flight.condemned = suspects.isolate, suspects.condemned
+        # Its crash suspects, as its claim's own statement read them: no ledger call of their own.
+        take_suspects(flight, msg.batch_id, claim.suspects)
         if not engine.alive:  # died under another batch since: this one's conversations never started
             raise EngineDead("engine is no longer running")
         future = engine.submit(generate_batch(engine, renderer, samples, run_ctx, flight))

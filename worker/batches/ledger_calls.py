@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from sqlalchemy import text
@@ -25,6 +25,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger import transitions
+from ledger.crash_suspects import Suspects
 from ledger.db import retry_db
 from ledger.errors import RegenError
 from ledger.runs import run_of_batch
@@ -53,6 +54,8 @@ class Claim:
     run: dict | None = None
     #: Where the batch's input shard is, as the ledger says (its range in a packed object).
     input: InputSlice | None = None
+    #: The batch's samples in flight at engine deaths (ledger/crash_suspects.py), as the claim read them.
+    suspects: Suspects = field(default_factory=Suspects)
 
 
 @timed("claim")
@@ -67,6 +70,9 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
     by nobody until its lease expired, and that expiry counted as a failure (issue 36). So
     the retry after such a COMMIT first reads the row for the claim's own stamp (attempt
     and transaction start, ledger/transitions.py ``ClaimStamp``): found, the claim is ours.
+
+    A claim returns the batch's crash suspects, read by its own statement: no round trip of
+    their own, and what the attempt runs with is what the ledger held when it took the batch.
     """
     pending: list[transitions.ClaimStamp] = []  # a claim whose COMMIT got no answer
 
@@ -79,7 +85,7 @@ def claim_batch(sessions: sessionmaker[Session], batch_id: int, *, worker: str, 
                              "attempt %s is ours", batch_id, pending[0].attempt)
                     _, record, where = found
                     return Claim(ClaimOutcome.CLAIMED, attempt=pending[0].attempt, run=record.for_worker(),
-                                 input=where)
+                                 input=where, suspects=pending[0].suspects)
             pending.clear()  # it did not: claim again
         with sessions.begin() as s:
             stamp = transitions.claim_stamped(s, batch_id, worker=worker, lease_s=lease_s, fake=fake)
@@ -99,7 +105,7 @@ def _claim_outcome(s: Session, batch_id: int, stamp: transitions.ClaimStamp | No
     batch_status, record, where = found
     run = record.for_worker()
     if stamp is not None:
-        return Claim(ClaimOutcome.CLAIMED, attempt=stamp.attempt, run=run, input=where)
+        return Claim(ClaimOutcome.CLAIMED, attempt=stamp.attempt, run=run, input=where, suspects=stamp.suspects)
     if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
         # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
         transitions.count_stale_delivery(s, batch_id)
