@@ -325,7 +325,10 @@ TRANSITIONS.append(Transition("samples", frozenset(), frozenset({SampleStatus.PE
 # and its old batch, done, is fenced off. "<> 'done'" keeps a done sample from being overwritten.
 # One statement for the whole batch (issue 22): 64 UPDATEs per commit each fired the counts
 # trigger of migration 0005, so a commit updated the run's hot counts rows 128 times; now once.
+# The count the commit checks (worker/batches/ledger_calls.py, issue 58) comes back from this statement:
+# what it wrote, and the batch's n_samples (a plain read, no lock on the batch's row: a commit takes that last).
 _RECORD_SAMPLES = _transition("samples", ("pending",), ("done", "failed"), """
+WITH written AS (
 UPDATE samples s SET status = v.status, finish_reason = v.finish, stop_reason = v.stop, turns = v.turns,
        prompt_tokens = v.pt, completion_tokens = v.ct, reasoning_tokens = v.rt, answer_tokens = v.at,
        tool_calls = v.tc, output_key = v.key, error = v.error, quality = v.quality, updated_at = now()
@@ -335,7 +338,10 @@ FROM unnest(CAST(:runs AS int[]), CAST(:sids AS text[]), CAST(:statuses AS text[
             CAST(:errors AS text[]), CAST(:qualities AS text[]))
      AS v(run, sid, status, finish, stop, turns, pt, ct, rt, at, tc, key, error, quality)
 WHERE s.run_id = v.run AND s.sample_id = v.sid AND s.status <> 'done'
-  AND (CAST(:batch AS bigint) IS NULL OR s.batch_id = CAST(:batch AS bigint))""")
+  AND (CAST(:batch AS bigint) IS NULL OR s.batch_id = CAST(:batch AS bigint))
+RETURNING 1)
+SELECT (SELECT count(*) FROM written) AS written,
+       (SELECT n_samples FROM batches WHERE id = CAST(:batch AS bigint)) AS n_samples""")
 
 #: record_samples' per-sample keys, in the order of the statement's arrays.
 _SAMPLE_COLUMNS = (("runs", "run"), ("sids", "sid"), ("statuses", "status"), ("finishes", "finish"),
@@ -343,21 +349,32 @@ _SAMPLE_COLUMNS = (("runs", "run"), ("sids", "sid"), ("statuses", "status"), ("f
                    ("ats", "at"), ("tcs", "tc"), ("keys", "key"), ("errors", "error"), ("qualities", "quality"))
 
 
-def record_samples(session: Session, params: list[dict], *, batch_id: int | None = None) -> int:
+@dataclass(frozen=True)
+class RecordedSamples:
+    """What ``record_samples`` wrote, beside what its batch should hold."""
+
+    #: Samples written (done or failed).
+    written: int
+    #: The batch's ``n_samples``; None without a batch (or for one that does not exist).
+    n_samples: int | None
+
+
+def record_samples(session: Session, params: list[dict], *, batch_id: int | None = None) -> RecordedSamples:
     """A committed batch's samples, ``done`` or ``failed`` each (never a sample already done), in one statement.
 
     ``params``: one dict per sample with the keys of ``_SAMPLE_COLUMNS`` (``run``, ``sid``,
     ``status``, ``finish``, ``stop``, ``turns``, ``pt``, ``ct``, ``rt``, ``at``, ``tc``, ``key``,
     ``error``, ``quality``). ``batch_id``: only samples the ledger places in that batch are written
-    (a commit passes its own). Returns how many samples were written.
+    (a commit passes its own). Returns how many samples were written and the batch's ``n_samples``,
+    both from the one statement: a commit checks them against each other with no read of its own.
     """
     for p in params:
         if p["status"] not in (SampleStatus.DONE.value, SampleStatus.FAILED.value):
             raise ValueError(f"sample {p.get('sid')!r}: a committed sample is done or failed, not {p['status']!r}")
-    if not params:
-        return 0
-    return session.execute(_RECORD_SAMPLES, {"batch": batch_id, **{array: [p[key] for p in params]
-                                                                   for array, key in _SAMPLE_COLUMNS}}).rowcount
+    # Even with no rows: the commit of an empty shard learns its batch's n_samples, to refuse it.
+    row = session.execute(_RECORD_SAMPLES, {"batch": batch_id, **{array: [p[key] for p in params]
+                                                                  for array, key in _SAMPLE_COLUMNS}}).one()
+    return RecordedSamples(int(row.written), row.n_samples)
 
 
 _RETRY_SAMPLES = _transition("samples", ("failed",), ("pending",), """

@@ -2,8 +2,9 @@
 
 Every batch claims and commits: on a 1,000-GPU farm the commit runs ~200 times a second, so a
 statement or a transaction less on either path is load the ledger does not carry. The claim
-returns the batch's crash suspects in its own statement (ledger/crash_suspects.py). Counted with
-SQLAlchemy's engine events.
+returns the batch's crash suspects in its own statement (ledger/crash_suspects.py), and the
+commit's check of its sample count comes back from the statement that records the samples
+(worker/batches/ledger_calls.py ``commit_batch``). Counted with SQLAlchemy's engine events.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import pytest
 from sqlalchemy import event, text
 
 from ledger.crash_suspects import ENGINE_CRASH, record_crash
+from ledger.db import make_engine, make_sessionmaker
 from ledger.dispatch import BatchMessage, make_celery
 from ledger.objects import ObjectStore
 from producer.run_config import build_run_config
 from producer.submit import submit_run
-from tests.faults.ledger_setup import write_dataset
+from tests.faults.ledger_setup import submit, write_dataset
 from worker.batches.delivery import run_batch
+from worker.batches.ledger_calls import IncompleteCommit, claim_batch, commit_batch
 from worker.process.options import WorkerOptions
 from worker.process.runtime import WorkerRuntime
 
@@ -93,4 +97,42 @@ def test_a_claim_reads_its_crash_suspects_in_its_own_statement_and_nothing_else_
     assert claim[0].startswith("UPDATE batches b SET status = 'running'") and "engine_crash_suspects" in claim[0]
     assert [st for tx in transactions for st in tx if "engine_crash_suspects" in st] == [claim[0]]
     # From the claim to the commit nothing reaches the ledger (heartbeats have a connection of their own).
-    assert any(st.startswith("UPDATE samples") for st in commit), transactions[:3]
+    assert any(st.startswith("WITH written AS ( UPDATE samples") for st in commit), transactions[:3]
+
+
+def test_a_commit_checks_its_sample_count_in_the_statement_that_records_its_samples(settings, sessions, s3_bucket,
+                                                                                    tmp_path):
+    submit(settings, sessions, tmp_path, s3_bucket, run="cnt", n=4, batch_size=4)
+    batch = _batch(sessions, "cnt")
+    engine = make_engine(settings)
+    counted = make_sessionmaker(engine)
+    rows = [{"sample_id": sid, "status": "done", "finish_reason": "stop", "stop_reason": None, "turns": 1,
+             "tool_calls": 0, "quality": "ok", "error": None,
+             "usage": {"prompt_tokens": 3, "completion_tokens": 5, "reasoning_tokens": 0, "answer_tokens": 5}}
+            for sid in batch.ids]
+
+    def commit(rows: list[dict]) -> bool:
+        return commit_batch(counted, run_id=batch.run_id, batch_id=batch.id, attempt=claim.attempt,
+                            output_key="s3://x/o", output_sha256="0" * 64, rows=rows)
+
+    try:
+        claim = claim_batch(counted, batch.id, worker="w", lease_s=LEASE_S)
+        # A short shard, or an empty one, is refused by what the samples' statement returned: rolled back after it.
+        for short in (rows[:3], []):
+            with _transactions(engine) as refused, pytest.raises(
+                    IncompleteCommit, match=f"batch {batch.id}: its {len(short)} rows recorded {len(short)} of its 4"):
+                commit(short)
+            assert [len(tx) for tx in refused] == [1], refused
+        with _transactions(engine) as transactions:
+            assert commit(rows)
+    finally:
+        engine.dispose()
+    [done] = transactions[:1]
+    # Two statements: the samples (which return how many they wrote and the batch's n_samples), then the batch.
+    assert len(done) == 2, done
+    assert done[0].startswith("WITH written AS ( UPDATE samples") and "n_samples" in done[0]
+    assert done[1].startswith("UPDATE batches SET status = 'done'")
+    with sessions() as s:
+        assert s.scalar(text("SELECT status FROM batches WHERE id = :b"), {"b": batch.id}) == "done"
+        assert s.scalar(text("SELECT count(*) FROM samples WHERE batch_id = :b AND status = 'done'"),
+                        {"b": batch.id}) == 4

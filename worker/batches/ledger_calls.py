@@ -207,11 +207,12 @@ class IncompleteCommit(RegenError):
     """A commit's rows did not record every sample of its batch: rolled back, never done with samples left pending."""
 
 
-def _check_every_sample_recorded(s: Session, batch_id: int, updated: int, rows: int) -> None:
+def _check_every_sample_recorded(batch_id: int, recorded: transitions.RecordedSamples, rows: int) -> None:
     """The rows recorded must be the batch's samples, all of them and nothing else (issue 58): a shard of
     other sample ids, or of fewer, would mark the batch done and leave its own samples pending for ever,
-    and one of more would put another batch's sample in a done shard twice."""
-    n_samples = s.scalar(text("SELECT n_samples FROM batches WHERE id = :b"), {"b": batch_id})
+    and one of more would put another batch's sample in a done shard twice. ``recorded`` carries the
+    batch's ``n_samples`` from the statement that wrote the samples: the check costs no statement."""
+    updated, n_samples = recorded.written, recorded.n_samples
     if updated != n_samples or rows != n_samples:
         raise IncompleteCommit(f"batch {batch_id}: its {rows} rows recorded {updated} of its {n_samples} samples "
                                "(rows of other samples, or missing ones): not committed")
@@ -251,8 +252,8 @@ def commit_batch(sessions: sessionmaker[Session], *, run_id: int, batch_id: int,
                 # are its batch's shard of the run's (migration 0011): no other commit of the run waits
                 # on them unless their batch ids are equal modulo 64 (docs/ledger.md, "The commit path":
                 # why a submit group beside it can no longer deadlock with it, issue 58).
-                updated = transitions.record_samples(s, sample_params, batch_id=batch_id)
-                _check_every_sample_recorded(s, batch_id, updated, len(rows))
+                recorded = transitions.record_samples(s, sample_params, batch_id=batch_id)
+                _check_every_sample_recorded(batch_id, recorded, len(rows))
                 if not transitions.mark_done(s, batch_id, attempt, output_key=output_key,
                                              output_sha256=output_sha256, prompt_tokens=prompt_tokens,
                                              completion_tokens=completion_tokens, fake=fake):
