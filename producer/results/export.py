@@ -15,10 +15,16 @@ prepare-data --data OUT/data``) never mistakes the manifest for data. Rows are s
 by sample id (then turn) across all shards, so the same ledger exports to the same
 bytes. Bad quality classes are left out unless ``include``/``include_all`` keep them.
 
-Two passes keep memory flat on a 1M-sample run: every committed output shard is read
-once and its rows are appended to a spill file per export shard (the shard a sample
-lands in is known from the ledger's sorted ids), then each spill file is sorted and
-written. Disk use peaks at twice the export's size.
+Memory stays flat whatever the run's size (bench/export_scale.py measures it at 1M and 10M
+samples):
+
+1. the plan (export_plan.py) streams the ledger's committed samples in sample-id order and
+   writes each kept sample's export shard into bucket files on disk;
+2. the output shards are read a bucket at a time, each once, and their rows appended to a
+   spill file per export shard;
+3. each spill file is sorted (keys and file offsets in memory, not rows) and written.
+
+Disk use peaks at twice the export's size (plus the plan's ~60 bytes a sample).
 """
 
 from __future__ import annotations
@@ -42,16 +48,10 @@ from ledger.runs import RunRecord, find_run
 
 from . import draft_vocab as vocab
 from . import token_stats as stats
+from .export_plan import FAKE, ExportPlan, OutputShard
 from .export_rows import load_decoder, message_row, messages_schema, token_rows
-from .export_split import EVAL, RULE, TRAIN, check_eval_share, side_of
-from .outputs import (
-    FAKE_ROWS_WHY,
-    committed_samples,
-    is_fake_row,
-    read_shards,
-    row_quality,
-    sample_status_counts,
-)
+from .export_split import EVAL, RULE, TRAIN, check_eval_share
+from .outputs import FAKE_ROWS_WHY, is_fake_row, read_shards, row_quality, sample_status_counts
 
 FORMATS = ("messages", "tokens")
 #: Rows per shard. Messages: ~10K conversations is a few hundred MB of Parquet. Tokens: a
@@ -62,8 +62,6 @@ MANIFEST_FILE = "manifest.json"
 #: Seconds between two progress lines while output shards are read (and one after the last).
 PROGRESS_EVERY_S = 10.0
 _SUFFIX = {"messages": "parquet", "tokens": "jsonl"}
-#: The left-out reason of a fake engine's rows.
-FAKE = "fake_engine"
 
 
 @dataclass(frozen=True)
@@ -87,15 +85,6 @@ class _Tally:
     left_out: Counter = field(default_factory=Counter)
     exported: Counter = field(default_factory=Counter)
     per_run: Counter = field(default_factory=Counter)
-
-
-@dataclass(frozen=True)
-class _Wanted:
-    side: str
-    shard: int
-    run: int
-    #: The ledger's class; None for samples committed before classification existed.
-    quality: str | None
 
 
 def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: list[str], fmt: str,
@@ -151,8 +140,6 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
             listing = ", ".join(f"{run.name}={run.config_hash[:12]}" for run in runs)
             raise ConfigError(f"runs with different configurations cannot be exported together ({listing}): "
                               "their samples come from different models or sampling")
-        statuses = [sample_status_counts(session, run.id) for run in runs]
-        candidates = [(row, n) for n, run in enumerate(runs) for row in committed_samples(session, run.id)]
     decode = source = None
     if fmt == "tokens":
         decode, source = load_decoder(runs[0].model, tokenizer)
@@ -163,24 +150,34 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     seed = int(runs[0].sampling.get("seed", 0)) if split_seed is None else int(split_seed)
     dirs = {TRAIN: TRAIN, EVAL: EVAL} if eval_share > 0 else {TRAIN: DATA_DIR}
 
-    tally = _Tally()
-    plan, shas, n_shards = _plan(candidates, fmt, kept, rows_per_shard, tally.left_out, seed, eval_share)
-    committed = Counter(n for _, n in candidates)
-    tally.left_out["not_committed"] = sum(sum(s.values()) for s in statuses) - len(candidates)
-    del candidates
-
     out.mkdir(parents=True, exist_ok=True)
     spill = out / ".spill"
     spill.mkdir()
+    tally = _Tally()
     try:
-        said, started = time.monotonic(), time.monotonic()
-        for done, (url, rows) in enumerate(read_shards(store, sorted(shas.items())), 1):
-            _spill_rows(spill, fmt, runs, plan[url], rows, kept, decode, tally)
-            if progress is not None and (time.monotonic() - said >= PROGRESS_EVERY_S or done == len(shas)):
-                said = time.monotonic()
-                progress(f"{done:,}/{len(shas):,} output shards read, {sum(tally.exported.values()):,} samples kept, "
-                         f"{sum(tally.left_out.values()):,} left out, {said - started:.0f} s")
-        shards, totals = _write_shards(out, spill, fmt, n_shards, dirs)
+        with sessions() as session:
+            # One snapshot: the samples counted by status are the ones the plan places or leaves out.
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            statuses = [sample_status_counts(session, run.id) for run in runs]
+            samples = sum(sum(s.values()) for s in statuses)
+            plan = ExportPlan.build(session, [run.id for run in runs], spill, fmt=fmt, kept=kept,
+                                    expected_samples=samples, rows_per_shard=rows_per_shard, seed=seed,
+                                    eval_share=eval_share, left_out=tally.left_out)
+        tally.left_out["not_committed"] = samples - sum(plan.committed.values())
+        said = started = time.monotonic()
+        done = 0
+        for bucket in plan.output_shards():
+            fetched = read_shards(store, [(shard.url, shard.sha256) for shard in bucket])
+            for shard, (_url, rows) in zip(bucket, fetched, strict=True):
+                _spill_rows(spill, fmt, runs, shard, rows, kept, decode, tally)
+                done += 1
+                if progress is not None and (time.monotonic() - said >= PROGRESS_EVERY_S
+                                             or done == plan.n_output_shards):
+                    said = time.monotonic()
+                    progress(f"{done:,}/{plan.n_output_shards:,} output shards read, "
+                             f"{sum(tally.exported.values()):,} samples kept, "
+                             f"{sum(tally.left_out.values()):,} left out, {said - started:.0f} s")
+        shards, totals = _write_shards(out, spill, fmt, plan.n_shards, dirs)
         total_ids, total_counts = totals.pairs()
         token_total = stats.write_counts(out / stats.STATS_DIR / stats.TOTAL_FILE, total_ids, total_counts)
         mapping = None if target is None else vocab.write_mappings(out, total_ids, total_counts, draft_vocab,
@@ -200,7 +197,7 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
         "config_hash": runs[0].config_hash,
         "model": runs[0].model,
         "runs": [{"name": run.name, "status": run.status, "benchmark": run.benchmark, "samples": statuses[n],
-                  "committed": committed[n], "exported_samples": tally.per_run[n]} for n, run in enumerate(runs)],
+                  "committed": plan.committed[n], "exported_samples": tally.per_run[n]} for n, run in enumerate(runs)],
         # Always present, so a consumer can assert it: the fake engine's rows found and left out.
         "fake_rows_left_out": tally.left_out[FAKE],
         "filters": {"include_all": include_all, "include": sorted(include),
@@ -229,52 +226,10 @@ def export_run(sessions: sessionmaker[Session], store: ObjectStore, run_names: l
     return Manifest(path, manifest)
 
 
-def _plan(candidates: list, fmt: str, kept: set[str], rows_per_shard: int, left_out: Counter, seed: int,
-          eval_share: float) -> tuple[dict[str, dict[str, _Wanted]], dict[str, str | None], dict[str, int]]:
-    """Which committed samples go into which export shard.
-
-    Returns:
-        ``{output_key: {sample_id: _Wanted}}``, each output shard's recorded sha256, and
-        the number of export shards per side of the split.
-
-    Samples are taken in sample-id order (then run order: a sample id in two runs is
-    exported from the first named); each side's shard closes before the sample that would
-    take it past ``rows_per_shard`` (a tokens shard counts the sample's turns, an upper bound).
-    """
-    plan: dict[str, dict[str, _Wanted]] = defaultdict(dict)
-    shas: dict[str, str | None] = {}
-    filling = {TRAIN: [0, 0], EVAL: [0, 0]}  # side: [shard, rows in it]
-    used: set[str] = set()
-    previous = None
-    for row, run in sorted(candidates, key=lambda c: (c[0].sample_id, c[1])):
-        if row.sample_id == previous:
-            left_out["duplicate_sample_id"] += 1
-            continue
-        previous = row.sample_id
-        if row.status != "done":
-            left_out[Quality.FAILED.value] += 1
-            continue
-        if row.fake:
-            left_out[FAKE] += 1  # a fake engine's batch (migration 0010): never training data
-            continue
-        if row.quality is not None and row.quality not in kept:
-            left_out[row.quality] += 1
-            continue
-        side = side_of(row.sample_id, seed, eval_share)
-        at = filling[side]
-        weight = max(1, row.turns or 1) if fmt == "tokens" else 1
-        if at[1] and at[1] + weight > rows_per_shard:
-            at[0], at[1] = at[0] + 1, 0
-        at[1] += weight
-        used.add(side)
-        plan[row.output_key][row.sample_id] = _Wanted(side, at[0], run, row.quality)
-        shas[row.output_key] = row.output_sha256
-    return dict(plan), shas, {side: (filling[side][0] + 1 if side in used else 0) for side in (TRAIN, EVAL)}
-
-
-def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, _Wanted], rows: list[dict],
+def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], shard: OutputShard, rows: list[dict],
                 kept: set[str], decode, tally: _Tally) -> None:
     """Turn the wanted rows of one output shard into export rows, appended to their shards' spill files."""
+    wanted = shard.wanted
     lines: dict[tuple[str, int], list[dict]] = defaultdict(list)
     counted: dict[int, list[int]] = defaultdict(list)
     found = 0
@@ -305,7 +260,7 @@ def _spill_rows(spill: Path, fmt: str, runs: list[RunRecord], wanted: dict[str, 
         tally.left_out["failed_generation"] += failed
         lines[key].extend(token)
     if found != len(wanted):
-        raise ShardError(f"an output shard lacks {len(wanted) - found} of the done samples the ledger places in it")
+        raise ShardError(f"{shard.url} lacks {len(wanted) - found} of the done samples the ledger places in it")
     if fmt == "tokens":
         batch = [r for shard_rows in lines.values() for r in shard_rows]
         for r, text in zip(batch, decode([r["input_ids"] for r in batch]), strict=True):
@@ -329,7 +284,7 @@ def _sort_key(fmt: str, record: dict[str, Any]) -> list:
 def _write_shards(out: Path, spill: Path, fmt: str, n_shards: dict[str, int], dirs: dict[str, str]
                   ) -> tuple[list[dict[str, Any]], stats.Totals]:
     """Sort each spill file and write the data files (and a training file's token counts), named once
-    their number is known."""
+    their number is known. One export shard in memory at a time, its rows' sort keys and offsets."""
     totals = stats.Totals()
     shards = []
     for side in (TRAIN, EVAL):
@@ -337,45 +292,68 @@ def _write_shards(out: Path, spill: Path, fmt: str, n_shards: dict[str, int], di
             continue
         data = out / dirs[side]
         data.mkdir()
-        written: list[tuple[Path, int, int, tuple | None]] = []
+        written: list[tuple[Path, dict[str, Any], Path | None]] = []
         for shard in range(n_shards[side]):
             path = spill / f"{side}-{shard:06d}.jsonl"
             if not path.exists():
                 continue  # every sample of this shard was left out while reading (unclassified rows)
-            keyed = []
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    key, _, record = line.partition("\t")
-                    keyed.append((json.loads(key), record))
-            keyed.sort(key=lambda item: item[0])
+            order = _sorted_rows(path)
             target = data / f".part-{shard:06d}"
-            _write_file(target, fmt, [record for _, record in keyed])
-            counts = stats.reduce_counts(spill / f"{side}-{shard:06d}.counts") if side == TRAIN else None
-            written.append((target, len(keyed), len({key[0] for key, _ in keyed}), counts))
-        for n, (target, rows, samples, counts) in enumerate(written):
+            _write_file(target, fmt, path, order)
+            entry = {"split": side, "rows": len(order), "samples": len({key[0] for key, _, _ in order})}
+            counts_part = None
+            if side == TRAIN:
+                ids, counts = stats.reduce_counts(spill / f"{side}-{shard:06d}.counts")
+                totals.add(ids, counts)
+                counts_part = out / stats.STATS_DIR / f".part-{shard:06d}"
+                entry["token_counts"] = stats.write_counts(counts_part, ids, counts)
+            written.append((target, entry, counts_part))
+        for n, (target, entry, counts_part) in enumerate(written):
             final = data / f"{side}-{n:05d}-of-{len(written):05d}.{_SUFFIX[fmt]}"
             target.rename(final)
-            entry = {"path": f"{dirs[side]}/{final.name}", "split": side, "rows": rows, "samples": samples,
-                     "sha256": hashlib.sha256(final.read_bytes()).hexdigest()}
-            if counts is not None:
-                totals.add(*counts)
-                entry["token_counts"] = stats.write_counts(
-                    out / stats.STATS_DIR / (final.name.split(".")[0] + stats.SUFFIX), *counts)
+            with open(final, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            entry = {"path": f"{dirs[side]}/{final.name}", **entry, "sha256": digest}
+            if counts_part is not None:
+                counts_final = counts_part.with_name(final.name.split(".")[0] + stats.SUFFIX)
+                counts_part.rename(counts_final)
+                entry["token_counts"]["path"] = f"{counts_final.parent.name}/{counts_final.name}"
+                entry["token_counts"] = entry.pop("token_counts")  # after sha256, as before
             shards.append(entry)
     return shards, totals
 
 
-def _write_file(path: Path, fmt: str, lines: list[str]) -> None:
-    """Write one data file from its sorted JSON lines (newline included)."""
-    if fmt == "messages":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+def _sorted_rows(path: Path) -> list[tuple[list, int, int]]:
+    """``(sort key, offset, length)`` of each row of a spill file, in the export's order: the rows
+    themselves stay on disk (a tokens shard's rows are hundreds of MB)."""
+    order = []
+    offset = 0
+    with open(path, "rb") as f:
+        for line in f:
+            tab = line.index(b"\t")  # JSON escapes every tab inside the key and the row
+            order.append((json.loads(line[:tab]), offset + tab + 1, len(line) - tab - 1))
+            offset += len(line)
+    order.sort(key=lambda item: item[0])
+    return order
 
-        table = pa.Table.from_pylist([json.loads(line) for line in lines], schema=messages_schema())
-        pq.write_table(table, path, compression="zstd")
-        return
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(lines)
+
+def _write_file(path: Path, fmt: str, spill_file: Path, order: list[tuple[list, int, int]]) -> None:
+    """Write one data file from its spill file's rows, in ``order`` (each row's JSON with its newline)."""
+    with open(spill_file, "rb") as spilled:
+        def rows():
+            for _key, offset, length in order:
+                spilled.seek(offset)
+                yield spilled.read(length)
+
+        if fmt == "messages":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pylist([json.loads(row) for row in rows()], schema=messages_schema())
+            pq.write_table(table, path, compression="zstd")
+            return
+        with open(path, "wb") as f:
+            f.writelines(rows())
 
 
 def _left_out(counts: Counter, fmt: str) -> dict[str, Any]:
