@@ -123,6 +123,8 @@ class Batch(Base):
         Index("batches_done_finished_idx", "run_id", "finished_at", postgresql_where=text("status = 'done'")),
         # The few batches a fake engine made or refused (migration 0010): status, export, report.
         Index("batches_fake_idx", "run_id", postgresql_where=text("fake OR fake_refusals > 0")),
+        # The batches that ever failed (migration 0015): the exporter's sum of failures reads these alone.
+        Index("batches_failures_idx", "run_id", "failures", postgresql_where=text("failures > 0")),
     )
 
 
@@ -180,6 +182,7 @@ class RejectedRow(Base):
         UniqueConstraint("run_id", "source_file", "source_row", name="rejected_rows_source_key"),
         Index("rejected_rows_run_reason_idx", "run_id", "reason"),
     )
+    # Counted per run and reason in run_rejected_counts, kept by triggers on this table (migration 0015).
 
 
 class ReconcilerState(Base):

@@ -5,12 +5,12 @@ the exporter holds no state worth keeping: restart it, run two, scrape it from t
 Prometheus servers, and the numbers agree. The "counters" (tokens, samples done)
 are the ledger's running totals, so ``rate()`` works across exporter restarts.
 
-Cost per scrape: a handful of aggregate queries over indexed columns (runs,
-batches, rejected_rows are small) and one pipelined round trip to Redis. Counting
-samples by status reads the whole ``samples_run_status_idx`` of a run (~0.5 s for
-1M samples on a small machine), so those counts are cached per run and recomputed
-only when the run's batches changed since the last scrape: sample statuses change
-only when a batch commits or batches are added, so a finished run costs nothing.
+Cost per scrape: what the runs and their open batches hold, not their history. The
+ledger's figures come from counters that triggers keep (batches, tokens, samples,
+rejected rows) and from the batches that are queued, running, ever failed or fake,
+through indexes of those alone (producer/monitoring/metrics_ledger.py says which); then
+one pipelined round trip to Redis. No cache: a scrape reads the same few rows whether
+the runs are young or 100M samples old (bench/metrics_scale.py, docs/performance.md).
 
 Engine figures (requests running and waiting, KV-cache use) live in the worker
 processes; see docs/operations.md, "Metrics".
@@ -23,22 +23,22 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis as redis_lib
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.db import make_engine
 from ledger.dispatch import DEFAULT_QUEUE
 from ledger.settings import Settings
-from ledger.states import REFUSED_PREFIX, BatchStatus, SampleStatus
+from ledger.states import BatchStatus, SampleStatus
 
-from .status import sample_counts
+from .metrics_ledger import LedgerFigures, read_ledger
 
 log = logging.getLogger(__name__)
 
@@ -54,79 +54,10 @@ STATEMENT_TIMEOUT_MS = 8000
 REDIS_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class SampleCounts:
-    by_status: dict[str, int]
-    by_quality: dict[str, int]
-
-
-@dataclass
-class LedgerFigures:
-    runs: list[dict] = field(default_factory=list)
-    #: (run_id, batch status) -> count, completion tokens, prompt tokens, failures, last finish (epoch s)
-    batches: dict[tuple[int, str], dict] = field(default_factory=dict)
-    samples: dict[int, SampleCounts] = field(default_factory=dict)
-    rejected: list[tuple[int, str, int]] = field(default_factory=list)
-    #: (run_id, worker, running batches, oldest heartbeat age s)
-    running: list[tuple[int, str, int, float]] = field(default_factory=list)
-
-
 @dataclass
 class BrokerFigures:
     queues: dict[str, int]
     unacked: int
-
-
-class SampleCountCache:
-    """Samples by status and by quality class per run, recomputed only when the run's batches changed."""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[tuple, SampleCounts]] = {}
-        self._lock = threading.Lock()
-
-    def counts(self, conn, run_id: int, fingerprint: tuple) -> SampleCounts:
-        with self._lock:
-            entry = self._entries.get(run_id)
-        if entry is not None and entry[0] == fingerprint:
-            return entry[1]
-        counts = SampleCounts(*sample_counts(conn, run_id))
-        with self._lock:
-            self._entries[run_id] = (fingerprint, counts)
-        return counts
-
-    def forget_except(self, run_ids: Iterable[int]) -> None:
-        keep = set(run_ids)
-        with self._lock:
-            for run_id in [r for r in self._entries if r not in keep]:
-                del self._entries[run_id]
-
-
-def read_ledger(db: Engine, cache: SampleCountCache) -> LedgerFigures:
-    figures = LedgerFigures()
-    # One snapshot: batch and sample figures of a scrape describe the same moment.
-    with db.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-        figures.runs = [dict(r) for r in conn.execute(text(
-            "SELECT id, name, model, queue, status FROM runs ORDER BY id")).mappings()]
-        for r in conn.execute(text(
-                "SELECT run_id, status, count(*) AS n, coalesce(sum(completion_tokens), 0) AS completion, "
-                "coalesce(sum(prompt_tokens), 0) AS prompt, coalesce(sum(failures), 0) AS failures, "
-                "coalesce(sum(n_samples), 0) AS n_samples, extract(epoch FROM max(finished_at)) AS last_finished, "
-                "count(*) FILTER (WHERE fake) AS fake, coalesce(sum(fake_refusals), 0) AS fake_refusals, "
-                "count(*) FILTER (WHERE starts_with(error, :refused)) AS refused "
-                "FROM batches GROUP BY run_id, status"), {"refused": REFUSED_PREFIX}).mappings():
-            figures.batches[(r["run_id"], r["status"])] = dict(r)
-        for run in figures.runs:
-            # Sample statuses change only when a batch commits (done count) or batches are added.
-            fingerprint = tuple(sorted((status, b["n"], int(b["n_samples"]))
-                                       for (run_id, status), b in figures.batches.items() if run_id == run["id"]))
-            figures.samples[run["id"]] = cache.counts(conn, run["id"], fingerprint)
-        cache.forget_except(r["id"] for r in figures.runs)
-        figures.rejected = [(r[0], r[1], int(r[2])) for r in conn.execute(text(
-            "SELECT run_id, reason, count(*) FROM rejected_rows GROUP BY run_id, reason"))]
-        figures.running = [(r[0], r[1] or "?", int(r[2]), float(r[3] or 0.0)) for r in conn.execute(text(
-            "SELECT run_id, worker, count(*), extract(epoch FROM now() - min(heartbeat_at)) FROM batches "
-            "WHERE status = 'running' GROUP BY run_id, worker"))]
-    return figures
 
 
 def read_broker(client: redis_lib.Redis, queues: Sequence[str]) -> BrokerFigures:
@@ -196,26 +127,23 @@ def _ledger_metrics(ledger: LedgerFigures) -> list[Metric]:
     for run in ledger.runs:
         rid, name = run["id"], run["name"]
         info.add_metric([name, run["model"], run["queue"], run["status"]], 1.0)
-        rows = {status: ledger.batches.get((rid, status)) for status in (s.value for s in BatchStatus)}
-        for status, row in rows.items():
-            batches.add_metric([name, status], row["n"] if row else 0)
-        counts = ledger.samples.get(rid, SampleCounts({}, {}))
-        for status, n in counts.by_status.items():
+        figures = ledger.per_run[rid]
+        for status, n in figures.batches.items():
+            batches.add_metric([name, status], n)
+        for status, n in figures.samples.by_status.items():
             samples.add_metric([name, status], n)
-        for quality_class, n in sorted(counts.by_quality.items()):
+        for quality_class, n in sorted(figures.samples.by_quality.items()):
             quality.add_metric([name, quality_class], n)
-        committed = rows[BatchStatus.DONE.value]
-        completion.add_metric([name], float(committed["completion"]) if committed else 0.0)
-        prompt.add_metric([name], float(committed["prompt"]) if committed else 0.0)
-        batches_done.add_metric([name], committed["n"] if committed else 0)
-        done.add_metric([name], counts.by_status.get(SampleStatus.DONE.value, 0))
-        failures.add_metric([name], float(sum(int(r["failures"]) for r in rows.values() if r)))
-        fake.add_metric([name], committed["fake"] if committed else 0)
-        refusals.add_metric([name], float(sum(int(r["fake_refusals"]) for r in rows.values() if r)))
-        queued = rows[BatchStatus.QUEUED.value]
-        refused.add_metric([name], int(queued["refused"]) if queued else 0)
-        if committed and committed["last_finished"] is not None:
-            last.add_metric([name], float(committed["last_finished"]))
+        completion.add_metric([name], float(figures.completion_tokens))
+        prompt.add_metric([name], float(figures.prompt_tokens))
+        batches_done.add_metric([name], figures.batches[BatchStatus.DONE.value])
+        done.add_metric([name], figures.samples.by_status.get(SampleStatus.DONE.value, 0))
+        failures.add_metric([name], float(figures.failures))
+        fake.add_metric([name], figures.fake_batches)
+        refusals.add_metric([name], float(figures.fake_refusals))
+        refused.add_metric([name], figures.refused)
+        if figures.last_commit_s is not None:
+            last.add_metric([name], figures.last_commit_s)
     rejected = GaugeMetricFamily("regen_rejected_rows", "Input rows that never became samples, by reason "
                                  "(duplicate_id included)", labels=["run", "reason"])
     for rid, reason, n in ledger.rejected:
@@ -244,14 +172,13 @@ def _queues(ledger: LedgerFigures | None, extra: Sequence[str]) -> list[str]:
 
 
 def collect(settings: Settings, *, db: Engine | None = None, redis_client: redis_lib.Redis | None = None,
-            queues: Sequence[str] = (), cache: SampleCountCache | None = None) -> list[Metric]:
+            queues: Sequence[str] = ()) -> list[Metric]:
     """Query the ledger and the broker once; return the metric families of one scrape.
 
     Args:
         settings: where the ledger and the broker are.
         db, redis_client: connections to reuse across scrapes (made and closed here when None).
         queues: broker queues to measure besides the default one and every run's queue.
-        cache: keeps sample counts between scrapes (see the module docstring).
     """
     started = time.monotonic()
     own_db = db is None
@@ -261,7 +188,7 @@ def collect(settings: Settings, *, db: Engine | None = None, redis_client: redis
     try:
         ledger = None
         try:
-            ledger = read_ledger(db, cache if cache is not None else SampleCountCache())
+            ledger = read_ledger(db)
         except SQLAlchemyError as e:
             log.warning("ledger unavailable for this scrape: %s", str(e).splitlines()[0])
         broker = None
@@ -303,10 +230,9 @@ class RegenCollector(Collector):
         self.queues = tuple(queues)
         self.db = ledger_engine(settings)
         self.redis = broker_client(settings)
-        self.cache = SampleCountCache()
 
     def collect(self) -> Iterable[Metric]:
-        return collect(self.settings, db=self.db, redis_client=self.redis, queues=self.queues, cache=self.cache)
+        return collect(self.settings, db=self.db, redis_client=self.redis, queues=self.queues)
 
     def close(self) -> None:
         self.db.dispose()

@@ -94,7 +94,7 @@ def test_a_commit_between_scrapes_is_seen_by_the_same_exporter(settings, farm):
     assert value(after, "regen_samples_quality", run="live", quality="ok") == 2
     assert value(after, "regen_completion_tokens_total", run="live") == 1300
     assert not any(name == "regen_running_batches" for name, _ in after)
-    # The finished run, served from the cache, is unchanged.
+    # The finished run is unchanged.
     assert value(after, "regen_samples", run=RUN, status="done") == 6
 
 
