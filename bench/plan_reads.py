@@ -5,8 +5,9 @@
     reads = [plan_reads(conn, sql, params) for sql, params in caught]
 
 Rows read per table count what a scan visited, not what it returned: the rows it returned
-plus those its filter dropped, over all its loops. bench/metrics_scale.py prints them for each
-side, and tests/integration/test_metrics_bounds.py holds the exporter's to a bound.
+plus those its filter dropped, over all its loops (EXPLAIN gives per-loop averages, so a
+parallel scan's total is rounded: 999,999 for 1,000,000). bench/metrics_scale.py prints them for
+each side, and tests/integration/test_metrics_bounds.py holds the exporter's to a bound.
 """
 
 from __future__ import annotations
