@@ -111,7 +111,8 @@ def _count_missing(conn: Any, broker_url: str, queue: str, rows: list) -> int | 
 
 # Each statement of a run's status, by name: run_status runs them, status_statements lists them
 # (bench/reconcile_scale.py EXPLAINs each on a 100M-sample ledger).
-_REJECTED = "SELECT reason, count(*) FROM rejected_rows WHERE run_id = %(run)s GROUP BY reason"
+#: Rejected rows by reason from their trigger-kept counts (migration 0015): a few rows, however many were rejected.
+_REJECTED = "SELECT reason, n FROM run_rejected_counts WHERE run_id = %(run)s AND n <> 0"
 #: Batches by status: open, done and dead from the run's counters (run_batch_counts, sharded by batch:
 #: 64 rows, migration 0011); of the open ones, queued and running counted (a window and what the farm
 #: holds), planned the rest.

@@ -67,6 +67,24 @@ def test_a_scrape_reads_the_open_failed_and_fake_batches_not_the_done_history(se
     assert reads.get("rejected_rows", 0) == 0, reads
 
 
+def test_a_status_reads_the_rejected_rows_counts_not_the_rows(settings, sessions):
+    from producer.monitoring.status import run_status, status_statements
+
+    with sessions.begin() as s:
+        fill_ledger(s, HISTORY)
+        run_id, run_name = s.execute(text("SELECT id, name FROM runs ORDER BY id LIMIT 1")).one()
+        by_reason = dict(s.execute(text("SELECT reason, count(*) FROM rejected_rows WHERE run_id = :r "
+                                        "GROUP BY reason"), {"r": run_id}).all())
+    with psycopg.connect(settings.libpq_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE rejected_rows")
+        read = sum(plan_reads(conn, sql, params).rows.get("rejected_rows", 0.0)
+                   for _name, sql, params in status_statements(run_id))
+        [status] = run_status(conn, run_name)
+    assert read == 0
+    assert sum(by_reason.values()) == HISTORY.rejected
+    assert status["rejected_reasons"] == {k: v for k, v in sorted(by_reason.items()) if k != "duplicate_id"}
+
+
 # -- the figures against a recount of the rows -----------------------------------------------------------
 
 
