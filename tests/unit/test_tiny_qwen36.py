@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from worker.tiny.families import SPECS
 
 SPEC = SPECS["qwen36"]
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "templates" / "qwen36.jinja"
+#: What Qwen3.6 does otherwise than Qwen3: its template, tool parser and card, its hybrid decoder, and the family
+#: ``regen submit`` reads its template as. Every other field, its tokenizer's tokens above all, is Qwen3's.
+OWN = ("name", "template", "tool_parser", "sampling", "detected_as", "architecture")
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +27,10 @@ def tokenizer():
 def test_its_template_is_qwen36s_published_one():
     assert SPEC.template_path.read_bytes() == PUBLISHED.read_bytes()
     assert (SPEC.reasoning_parser, SPEC.tool_parser) == ("qwen3", "qwen3_coder")
+
+
+def test_it_has_qwen3s_tokens_turn_ends_and_stops_and_differs_from_qwen3_only_in_its_own_fields():
+    assert replace(SPECS["qwen3"], **{name: getattr(SPEC, name) for name in OWN}) == SPEC
 
 
 def test_its_decoder_is_a_hybrid_that_regen_builds_engines_for_as_one(tokenizer):

@@ -103,7 +103,7 @@ qwen3 (parsers: reasoning ``qwen3``, tool ``hermes``): see ``worker/tiny/model.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,18 +164,20 @@ class Family:
         return "<|observation|>" if message.get("tool_calls") else "<|user|>"
 
 
+# As built by worker/tiny/model.py; listed so all the families answer the same questions.
+_QWEN3 = Family(
+    name="qwen3", template="qwen3_chat.jinja",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                   "</tool_response>"),
+    bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    stop_tokens=("<|im_end|>", "<|endoftext|>"),
+    reasoning_parser="qwen3", tool_parser="hermes", thinking="switch",
+    sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+)
+
 SPECS: dict[str, Family] = {
-    # As built by worker/tiny/model.py; listed so all four families answer the same questions.
-    "qwen3": Family(
-        name="qwen3", template="qwen3_chat.jinja",
-        special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-                       "</tool_response>"),
-        bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
-        reasoning_parser="qwen3", tool_parser="hermes", thinking="switch",
-        sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20},
-    ),
+    "qwen3": _QWEN3,
     "llama3": Family(
         name="llama3", template="llama3_chat.jinja",
         special_tokens=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -249,14 +251,10 @@ SPECS: dict[str, Family] = {
         reasoning_parser="openai_gptoss", tool_parser="openai", thinking="effort",
         sampling={"temperature": 0.6, "top_p": 0.95},
     ),
-    "qwen36": Family(
-        name="qwen36", template="qwen36_chat.jinja",
-        special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        format_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-                       "</tool_response>"),
-        bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
-        reasoning_parser="qwen3", tool_parser="qwen3_coder", thinking="switch",
+    # Qwen3's spec with what Qwen3.6 does otherwise: its tokenizer's tokens, turn ends, stops, reasoning parser
+    # and thinking switch are Qwen3's, so that the two cannot drift (tests/unit/test_tiny_qwen36.py).
+    "qwen36": replace(
+        _QWEN3, name="qwen36", template="qwen36_chat.jinja", tool_parser="qwen3_coder",
         # Qwen3.6's card, thinking mode: temperature 0.6, top_p 0.95, top_k 20.
         sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20}, detected_as="qwen3", architecture="qwen3_5",
     ),
