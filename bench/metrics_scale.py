@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -93,7 +92,7 @@ def fill_ledger(conn, shape: LedgerShape) -> int:
 def _child(args) -> dict:
     import psycopg
 
-    from bench.plan_reads import caught_statements, plan_reads
+    from bench.plan_reads import caught_statements, plans_of
     from ledger.settings import Settings
     from producer.monitoring.metrics import RegenCollector
 
@@ -117,15 +116,11 @@ def _child(args) -> dict:
     with caught_statements(collector.db) as caught:
         scrape()
     collector.close()
-    statements, rows, buffers = [], {}, 0
     with psycopg.connect(settings.libpq_url) as conn:
-        for sql, params in caught:
-            reads = plan_reads(conn, sql, params)
-            buffers += reads.buffers
-            for table, n in reads.rows.items():
-                rows[table] = rows.get(table, 0) + n
-            statements.append({"ms": reads.execution_ms, "buffers": reads.buffers, "scans": reads.scans,
-                               "sql": " ".join(sql.split())[:90]})
+        plans, rows = plans_of(conn, caught)
+    buffers = sum(reads.buffers for reads in plans)
+    statements = [{"ms": reads.execution_ms, "buffers": reads.buffers, "scans": reads.scans,
+                   "sql": " ".join(reads.sql.split())[:90]} for reads in plans]
     return {"first_ms": first_ms, "median_ms": statistics.median(times), "fastest_ms": min(times),
             "ledger_up": all(up), "rss_mb": rss_kb / 1024, "rss_growth_mb": (rss_kb - rss_before_kb) / 1024,
             "buffers": buffers, "rows": rows, "statements": statements}
@@ -152,35 +147,11 @@ PROBES = {
 }
 
 
-def _probe(url: str, sql: str, stop: threading.Event, waits: list[float]) -> None:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        while not stop.is_set():
-            t = time.perf_counter()
-            conn.execute(sql)
-            conn.rollback()  # nothing kept: the ledger the sides read is the one written
-            waits.append(time.perf_counter() - t)
-            time.sleep(0.05)
-
-
 def _upgrade_under_probes(settings, run_id: int, running_id: int) -> tuple[float, dict[str, float]]:
-    from ledger import migrate
+    from bench.migration_locks import upgrade_beside_probes
 
-    stop = threading.Event()
-    waits: dict[str, list[float]] = {label: [] for label in PROBES}
-    threads = [threading.Thread(target=_probe, args=(settings.libpq_url, sql.format(run=run_id, running=running_id),
-                                                     stop, waits[label])) for label, sql in PROBES.items()]
-    for t in threads:
-        t.start()
-    time.sleep(1)
-    t0 = time.perf_counter()
-    migrate.upgrade(settings)
-    upgrade_s = time.perf_counter() - t0
-    time.sleep(1)
-    stop.set()
-    for t in threads:
-        t.join()
+    upgrade_s, waits = upgrade_beside_probes(
+        settings, {label: sql.format(run=run_id, running=running_id) for label, sql in PROBES.items()})
     return upgrade_s, {label: max(w) * 1000 for label, w in waits.items()}
 
 

@@ -38,12 +38,36 @@ PROBES = {
 
 
 def _probe(url: str, sql: str, stop: threading.Event, waits: list[float]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url) as conn:
         while not stop.is_set():
             t = time.perf_counter()
             conn.execute(sql)
+            conn.rollback()  # a write probe keeps nothing: the ledger measured after is the one written
             waits.append(time.perf_counter() - t)
             time.sleep(0.05)
+
+
+def upgrade_beside_probes(settings: Settings, probes: dict[str, str], revision: str = "head"
+                          ) -> tuple[float, dict[str, list[float]]]:
+    """``regen db upgrade`` to ``revision`` while each probe runs every 50 ms on a connection of its own
+    (from a second before to a second after): the upgrade's seconds, and each probe's waits (s)."""
+    stop = threading.Event()
+    waits: dict[str, list[float]] = {label: [] for label in probes}
+    threads = [threading.Thread(target=_probe, args=(settings.libpq_url, sql, stop, waits[label]))
+               for label, sql in probes.items()]
+    for thread in threads:
+        thread.start()
+    time.sleep(1)
+    started = time.perf_counter()
+    try:
+        migrate.upgrade(settings, revision)
+    finally:
+        upgrade_s = time.perf_counter() - started
+        time.sleep(1)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    return upgrade_s, waits
 
 
 def main() -> None:
@@ -69,22 +93,9 @@ def main() -> None:
         with psycopg.connect(settings.libpq_url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
         print(f"ledger at 0010: {args.batches:,} batches written and vacuumed in {time.perf_counter() - t0:.0f} s")
-        stop = threading.Event()
-        waits: dict[str, list[float]] = {label: [] for label in PROBES}
         running = args.batches // 2 + 1  # ids count from 1 in a fresh database, in seq order
-        threads = [threading.Thread(target=_probe, args=(settings.libpq_url, sql.format(running=running), stop,
-                                                         waits[label]))
-                   for label, sql in PROBES.items()]
-        for t in threads:
-            t.start()
-        time.sleep(1)
-        t = time.perf_counter()
-        migrate.upgrade(settings)
-        upgrade_s = time.perf_counter() - t
-        time.sleep(1)
-        stop.set()
-        for t in threads:
-            t.join()
+        upgrade_s, waits = upgrade_beside_probes(
+            settings, {label: sql.format(running=running) for label, sql in PROBES.items()}, "0011")
         print(f"regen db upgrade 0010 -> 0011: {upgrade_s:.2f} s")
         for label, w in waits.items():
             print(f"  {label}: longest {max(w) * 1000:,.0f} ms over {len(w)} probes")

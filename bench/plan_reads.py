@@ -68,6 +68,16 @@ def plan_reads(dbapi_conn, sql: str, params: Any = None) -> PlanReads:
     return reads
 
 
+def plans_of(dbapi_conn, statements: list[tuple[str, Any]]) -> tuple[list[PlanReads], dict[str, float]]:
+    """Each caught statement's plan, and the rows each table gave up over all of them."""
+    plans = [plan_reads(dbapi_conn, sql, params) for sql, params in statements]
+    rows: dict[str, float] = {}
+    for reads in plans:
+        for table, n in reads.rows.items():
+            rows[table] = rows.get(table, 0.0) + n
+    return plans, rows
+
+
 def _walk(node: dict, reads: PlanReads) -> None:
     if node["Node Type"] in _ROW_SCANS and "Relation Name" in node:
         table = node["Relation Name"]

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from bench.metrics_scale import LedgerShape, fill_ledger
-from bench.plan_reads import caught_statements, plan_reads
+from bench.plan_reads import caught_statements, plans_of
 from ledger import migrate, transitions
 from ledger.db import make_engine
 from ledger.models import RejectedRow
@@ -40,15 +40,9 @@ def _scrape_reads(settings) -> dict[str, float]:
         assert scrape[("regen_ledger_up", frozenset())] == 1
     finally:
         engine.dispose()
-    rows: dict[str, float] = {}
-    scans: list[str] = []
     with psycopg.connect(settings.libpq_url) as conn:
-        for sql, params in caught:
-            reads = plan_reads(conn, sql, params)
-            scans += reads.scans
-            for table, n in reads.rows.items():
-                rows[table] = rows.get(table, 0.0) + n
-    return {**rows, "scans": scans}
+        plans, rows = plans_of(conn, caught)
+    return {**rows, "scans": [scan for reads in plans for scan in reads.scans]}
 
 
 def test_a_scrape_reads_the_open_failed_and_fake_batches_not_the_done_history(settings, sessions):
@@ -77,10 +71,9 @@ def test_a_status_reads_the_rejected_rows_counts_not_the_rows(settings, sessions
                                         "GROUP BY reason"), {"r": run_id}).all())
     with psycopg.connect(settings.libpq_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE rejected_rows")
-        read = sum(plan_reads(conn, sql, params).rows.get("rejected_rows", 0.0)
-                   for _name, sql, params in status_statements(run_id))
+        _plans, rows = plans_of(conn, [(sql, params) for _name, sql, params in status_statements(run_id)])
         [status] = run_status(conn, run_name)
-    assert read == 0
+    assert rows.get("rejected_rows", 0.0) == 0
     assert sum(by_reason.values()) == HISTORY.rejected
     assert status["rejected_reasons"] == {k: v for k, v in sorted(by_reason.items()) if k != "duplicate_id"}
 
