@@ -59,7 +59,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger import handbacks, transitions
+from ledger import delivery_counts, handbacks, transitions
 from ledger.broker import Queued, missing_messages, ready_batch_ids, ready_length
 from ledger.defaults import (  # noqa: F401 (re-exported)
     DEFAULT_LEASE_S,
@@ -242,7 +242,7 @@ def _mark_lost(session: Session, client, queue: str, *, grace_s: float) -> list:
                  "seen there: looked for again next pass", undecided, queue)
     if not missing:
         return []
-    still = transitions.mark_message_lost(session, [b.id for b in missing])
+    still = delivery_counts.mark_message_lost(session, [b.id for b in missing])
     lost = [by_id[b.id] for b in missing if b.id in still]
     log.warning("reconciler: %d queued batches of queue %s had no message waiting and none claimed %.0f s after "
                 "their last one (lost, or held by a consumer that is gone): published again, first in line "

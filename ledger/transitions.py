@@ -114,26 +114,6 @@ def mark_republished(session: Session, batch_ids: list[int]) -> None:
     session.execute(_MARK_REPUBLISHED, {"ids": batch_ids})
 
 
-# Not a status write: the batch stays queued, its wait restarts and the new message is counted.
-_MARK_LOST = text("""
-UPDATE batches SET enqueued_at = now(), republishes = republishes + 1 WHERE id = ANY(:ids) AND status = 'queued'
-RETURNING id""")
-
-
-def mark_message_lost(session: Session, batch_ids: list[int]) -> set[int]:
-    """Queued batches whose message was neither on the queue nor claimed: the ids still queued."""
-    return {r[0] for r in session.execute(_MARK_LOST, {"ids": batch_ids})}
-
-
-# Not a status write either: a delivery acknowledged without work (ledger/docs: stale_deliveries).
-_COUNT_STALE = text("UPDATE batches SET stale_deliveries = stale_deliveries + 1 WHERE id = :batch")
-
-
-def count_stale_delivery(session: Session, batch_id: int) -> None:
-    """A message of a batch that was done, dead or held by another live attempt: counted, not worked."""
-    session.execute(_COUNT_STALE, {"batch": batch_id})
-
-
 # Returns the batch's crash suspects too (ledger/crash_suspects.py): the attempt's, read by the claim itself.
 _CLAIM = _transition("batches", (_P, _Q, _R), (_R,), f"""
 UPDATE batches b SET status = 'running', attempts = b.attempts + 1, worker = :worker,
@@ -193,15 +173,6 @@ def holds_claim(session: Session, batch_id: int, stamp: ClaimStamp, *, worker: s
     """The batch is running under exactly this claim (attempt, transaction start, worker)."""
     return session.execute(_OWN_CLAIM, {"batch": batch_id, "attempt": stamp.attempt, "started": stamp.started_at,
                                         "worker": worker}).first() is not None
-
-
-# Not a status write: a fake engine's delivery of a real run's batch, handed back untouched and counted.
-_COUNT_FAKE_REFUSAL = text("UPDATE batches SET fake_refusals = fake_refusals + 1 WHERE id = :batch")
-
-
-def count_fake_refusal(session: Session, batch_id: int) -> None:
-    """A fake-engine worker was handed a batch of a run not submitted with ``--benchmark``: counted, not worked."""
-    session.execute(_COUNT_FAKE_REFUSAL, {"batch": batch_id})
 
 
 _RELEASE = _transition("batches", (_R,), (_Q,), """

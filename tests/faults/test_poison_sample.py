@@ -28,6 +28,8 @@ from tests.support.helpers import ROOT, cli_env, stop_process, wait_for
 pytestmark = pytest.mark.slow
 
 POISON = "POISON"
+#: Not "poison": test_worker_faults.py's farm submits a run of that name (not a benchmark) to the same ledger.
+RUN = "engine-poison"
 #: 50 tokens a second per sequence, 20 tokens each: a sample runs 0.4 s, and 8 run at once.
 ENGINE = f"tok_s=400,seqs=8,mean=20,sigma=0,die_on={POISON}"
 
@@ -43,8 +45,8 @@ def _write(path, n: int, poison_at: int) -> str:
 def test_a_sample_that_kills_the_engine_is_failed_alone_within_three_deaths_and_no_batch_is_charged(
         settings, s3_env, s3_bucket, sessions, tmp_path):
     poison = _write(tmp_path / "poison.jsonl", 12, poison_at=6)
-    submit_run(sessions, make_celery(settings), ObjectStore(), [str(tmp_path / "poison.jsonl")], run_name="poison",
-               config=build_run_config("tiny", max_tokens=100, seed=1), output_url=f"{s3_bucket}/poison",
+    submit_run(sessions, make_celery(settings), ObjectStore(), [str(tmp_path / "poison.jsonl")], run_name=RUN,
+               config=build_run_config("tiny", max_tokens=100, seed=1), output_url=f"{s3_bucket}/{RUN}",
                batch_size=4, queue="regen", benchmark=True)
     log_path = tmp_path / "worker.log"
     log = lambda: log_path.read_text()  # noqa: E731
@@ -55,16 +57,16 @@ def test_a_sample_that_kills_the_engine_is_failed_alone_within_three_deaths_and_
             env={**cli_env(settings, s3_env), "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT,
             cwd=ROOT, start_new_session=True)
     try:
-        wait_for(lambda: settled(sessions, "poison"), timeout_s=240, interval_s=1, what="the run settled",
-                 on_timeout=lambda: f"{batches_by_status(sessions, 'poison')}\n{log()[-6000:]}")
+        wait_for(lambda: settled(sessions, RUN), timeout_s=240, interval_s=1, what="the run settled",
+                 on_timeout=lambda: f"{batches_by_status(sessions, RUN)}\n{log()[-6000:]}")
     finally:
         stop_process(proc)
     deaths = log().count("FAKE ENGINE: dying on a poison prompt")
     with sessions() as s:
         batches = s.execute(text("SELECT b.seq, b.status, b.failures FROM batches b JOIN runs r ON r.id = b.run_id "
-                                 "WHERE r.name = 'poison' ORDER BY b.seq")).all()
+                                 "WHERE r.name = :run ORDER BY b.seq"), {"run": RUN}).all()
         samples = dict(s.execute(text("SELECT s.sample_id, s.status || coalesce(': ' || s.error, '') FROM samples s "
-                                      "JOIN runs r ON r.id = s.run_id WHERE r.name = 'poison'")).all())
+                                      "JOIN runs r ON r.id = s.run_id WHERE r.name = :run"), {"run": RUN}).all())
     assert 1 <= deaths <= 3, f"{deaths} engine deaths\n{log()[-6000:]}"
     assert [(b.status, b.failures) for b in batches] == [("done", 0)] * 3, f"{batches}\n{log()[-6000:]}"
     assert samples.pop(poison).startswith("failed: engine_crash"), log()[-6000:]

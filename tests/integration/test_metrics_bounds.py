@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from bench.metrics_scale import LedgerShape, fill_ledger
 from bench.plan_reads import caught_statements, plans_of
-from ledger import migrate, transitions
+from ledger import delivery_counts, migrate, transitions
 from ledger.db import make_engine
 from ledger.models import RejectedRow
 from ledger.settings import Settings
@@ -193,7 +193,7 @@ def test_scrape_figures_equal_a_full_recount_through_commits_failures_retries_re
         transitions.claim(s, batches[5], worker="gpu2@n2", lease_s=60)
         attempt = transitions.claim(s, batches[6], worker="gpu3@n2", lease_s=60)
         transitions.release(s, batches[6], attempt, reason=refused_reason("gpu3@n2", "model other, not m"))
-        transitions.count_fake_refusal(s, batches[3])
+        delivery_counts.count_fake_refusal(s, batches[3])
         # A resubmit: its rows already recorded are skipped, a new one is counted.
         _reject(s, run, [("a.jsonl", 100, "malformed_json"), ("c.jsonl", 5, "too_large")])
     _assert_scrape_equals_recount(settings, sessions)

@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("ledger", "producer", "worker", "bench", "scripts")
 HOME = ROOT / "ledger" / "transitions.py"
 #: Modules that build synthetic ledgers in SQL (a 100M-sample run's batches at 50% done; the farm bench's
-#: ledger-only run of queued batches), never a live one.
-SYNTHETIC = {ROOT / "bench" / "ledger_commits.py", ROOT / "bench" / "farm_ledger.py"}
+#: ledger-only run of queued batches; the export bench's finished run), never a live one.
+SYNTHETIC = {ROOT / "bench" / "ledger_commits.py", ROOT / "bench" / "farm_ledger.py",
+             ROOT / "bench" / "export_scale.py"}
 
 TABLES = {
     "runs": (RunStatus, RUN_TRANSITIONS, RUN_INITIAL),

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
-from ledger import transitions
+from ledger import delivery_counts, transitions
 from ledger.crash_suspects import Suspects
 from ledger.db import retry_db
 from ledger.errors import RegenError
@@ -108,16 +108,16 @@ def _claim_outcome(s: Session, batch_id: int, stamp: transitions.ClaimStamp | No
         return Claim(ClaimOutcome.CLAIMED, attempt=stamp.attempt, run=run, input=where, suspects=stamp.suspects)
     if batch_status in (BatchStatus.DONE.value, BatchStatus.DEAD.value):
         # A stale delivery (a duplicate, or an old message back after the visibility timeout): counted.
-        transitions.count_stale_delivery(s, batch_id)
+        delivery_counts.count_stale_delivery(s, batch_id)
         return Claim(ClaimOutcome.ALREADY_DONE, run=run)
     if record.status == RunStatus.PAUSED.value:
         return Claim(ClaimOutcome.RUN_PAUSED, run=run)
     if fake and not record.benchmark and batch_status != BatchStatus.RUNNING.value:
         # Waiting for a real engine: counted (regen status, regen metrics), the message goes back.
         # A running batch's delivery is a duplicate, acknowledged below as for any worker.
-        transitions.count_fake_refusal(s, batch_id)
+        delivery_counts.count_fake_refusal(s, batch_id)
         return Claim(ClaimOutcome.NOT_BENCHMARK, run=run)
-    transitions.count_stale_delivery(s, batch_id)
+    delivery_counts.count_stale_delivery(s, batch_id)
     return Claim(ClaimOutcome.HELD_ELSEWHERE, run=run)
 
 
