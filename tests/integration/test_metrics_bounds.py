@@ -3,8 +3,6 @@ figures still equal a full recount of the ledger's rows after every kind of writ
 
 from __future__ import annotations
 
-import uuid
-
 import psycopg
 import pytest
 from sqlalchemy import text
@@ -228,13 +226,8 @@ def test_scrape_figures_equal_a_full_recount_through_commits_failures_retries_re
 
 @pytest.fixture
 def scratch_ledger(pg_server):
-    name = f"regen_0015_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield Settings(database_url=pg_server.dsn(name))
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_server.bare_database("regen_0015") as dsn:
+        yield Settings(database_url=dsn)
 
 
 def _failures_index(settings: Settings) -> tuple[bool, str] | None:

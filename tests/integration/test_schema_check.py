@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
 import psycopg
 import pytest
@@ -18,14 +17,8 @@ from tests.support.helpers import ROOT
 
 @pytest.fixture
 def scratch_db(pg_server):
-    name = f"regen_schema_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield Settings(database_url=pg_server.dsn(name))
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_server.bare_database("regen_schema") as dsn:
+        yield Settings(database_url=dsn)
 
 
 def test_a_ledger_behind_or_ahead_of_the_code_is_refused(scratch_db):

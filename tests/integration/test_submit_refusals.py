@@ -9,7 +9,6 @@ tried through ``submit_run`` itself, against a store and a broker that do not an
 from __future__ import annotations
 
 import json
-import uuid
 
 import psycopg
 import pytest
@@ -119,14 +118,8 @@ def test_a_redis_that_does_not_answer_is_refused_in_one_line_naming_it(settings,
 @pytest.fixture
 def unmigrated(pg_server):
     """A database of the session's Postgres with no migration applied."""
-    name = f"regen_bare_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg_server.dsn(name)
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_server.bare_database("regen_bare") as dsn:
+        yield dsn
 
 
 def test_a_ledger_not_migrated_or_not_there_is_said_in_one_line_by_submit_and_status(settings, s3_env, unmigrated,
